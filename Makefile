@@ -1,0 +1,42 @@
+# goccl: make test (CPU tier, what CI runs), make smoke (arsmoke on this node's GPUs),
+# make gpu-bundle (GPU test binaries + run script for a GPU machine without Go).
+GO       ?= go
+PKGS     := ./...
+BUNDLE   := gpu-bundle
+# Packages whose tests hold GPU tests; each becomes one binary in the bundle.
+GPU_PKGS := driver ptx collective internal/topology cmd/arsmoke
+
+.PHONY: all build test tools vet smoke gpu-bundle clean
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build $(PKGS)
+	CGO_ENABLED=1 $(GO) build $(PKGS)
+
+# tools fetches libcuda1, libnvidia-ml1 and ptxas into .tools (see scripts/fetch-tools.sh).
+tools:
+	scripts/fetch-tools.sh >.tools.env
+
+vet:
+	$(GO) vet $(PKGS)
+	CGO_ENABLED=0 $(GO) vet $(PKGS)
+
+test: tools build vet
+	. ./.tools.env && CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 10m $(PKGS)
+	. ./.tools.env && CGO_ENABLED=0 $(GO) test -count=1 -timeout 10m $(PKGS)
+
+smoke:
+	CGO_ENABLED=0 $(GO) run ./cmd/arsmoke
+
+gpu-bundle:
+	rm -rf $(BUNDLE) && mkdir -p $(BUNDLE)
+	for p in $(GPU_PKGS); do \
+	  [ -d $$p ] || continue; \
+	  CGO_ENABLED=0 $(GO) test -c -o $(BUNDLE)/$$(echo $$p | tr / _).test ./$$p || exit 1; \
+	done
+	[ ! -d cmd/arsmoke ] || CGO_ENABLED=0 $(GO) build -o $(BUNDLE)/arsmoke ./cmd/arsmoke
+	cp scripts/run-gpu-bundle.sh $(BUNDLE)/run.sh
+
+clean:
+	rm -rf $(BUNDLE) .tools .tools.env
