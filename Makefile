@@ -1,6 +1,8 @@
 # goccl: make test (CPU tier, what CI runs), make smoke (arsmoke on this node's GPUs),
 # make gpu-bundle (GPU test binaries + run script for a GPU machine without Go).
 GO       ?= go
+# go-nvml's cgo build warns about every deprecated NVML call it wraps.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKGS     := ./...
 BUNDLE   := gpu-bundle
 # Packages whose tests hold GPU tests; each becomes one binary in the bundle.

@@ -1,0 +1,35 @@
+package main
+
+import (
+	"flag"
+	"go/parser"
+	"go/token"
+	"regexp"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestManualCoversFlags keeps the package doc, which is the manual, in step
+// with the flags: each flag is documented in the list, and the list names
+// no flag that does not exist.
+func TestManualCoversFlags(t *testing.T) {
+	f, err := parser.ParseFile(token.NewFileSet(), "doc.go", nil, parser.ParseComments|parser.PackageClauseOnly)
+	require.NoError(t, err)
+	manual := f.Doc.Text()
+
+	var o options
+	defined := map[string]bool{}
+	o.flagSet().VisitAll(func(f *flag.Flag) {
+		defined[f.Name] = true
+		dashes := "-"
+		if len(f.Name) > 1 {
+			dashes = "--"
+		}
+		assert.Regexp(t, `(?m)^\t`+dashes+regexp.QuoteMeta(f.Name)+`\b`, manual, "the manual's flag list lacks %s%s", dashes, f.Name)
+	})
+	for _, m := range regexp.MustCompile(`(?m)^\t--?([a-z]+)`).FindAllStringSubmatch(manual, -1) {
+		assert.True(t, defined[m[1]], "the manual documents -%s, which is no flag", m[1])
+	}
+}

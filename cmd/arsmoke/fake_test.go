@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// envFake makes a --procs child started by a test use a fake engine; its
+// value picks the behaviour (see installFake).
+const envFake = "ARSMOKE_TEST_FAKE"
+
+// TestMain turns the test binary into arsmoke when a test's --procs parent
+// starts it as a child, so that the parent side runs for real.
+func TestMain(m *testing.M) {
+	if _, child := os.LookupEnv(envRank); child {
+		if mode := os.Getenv(envFake); mode != "" {
+			installFake(mode)
+		}
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// fakeEngine replays recorded results: a time model of 8 us plus the bytes
+// at 200 GB/s (in place 5% faster), and whatever measure overrides.
+type fakeEngine struct {
+	cfg     engineConfig
+	measure func(Case) (Measurement, error)
+	cases   []Case
+	closed  bool
+}
+
+func newFake(cfg engineConfig) *fakeEngine { return &fakeEngine{cfg: cfg} }
+
+func (f *fakeEngine) Describe() Header {
+	h := Header{Host: "h200-test", Driver: "12.8"}
+	first := 0
+	if f.cfg.Proc != nil {
+		first = f.cfg.Proc.Rank
+	}
+	for i, d := range f.cfg.Devices {
+		h.Devices = append(h.Devices, RankDevice{
+			Rank: first + i, Pid: 4242, Device: d, Name: "NVIDIA H200",
+			BusID: fmt.Sprintf("0000:%02x:00.0", 0x18+8*d),
+		})
+	}
+	return h
+}
+
+func (f *fakeEngine) Run(_ context.Context, c Case) (Measurement, error) {
+	f.cases = append(f.cases, c)
+	if f.measure != nil {
+		return f.measure(c)
+	}
+	return recorded(c), nil
+}
+
+func (f *fakeEngine) Close() error {
+	f.closed = true
+	return nil
+}
+
+func recorded(c Case) Measurement {
+	ns := 8000 + c.Bytes/200
+	if c.InPlace {
+		ns = ns * 95 / 100
+	}
+	return Measurement{Time: time.Duration(ns)}
+}
+
+// useFake makes run() see visible GPUs and build the engine returned by
+// build, for the rest of the test.
+func useFake(t *testing.T, visible int, build func(engineConfig) (engine, error)) {
+	t.Helper()
+	oldCount, oldNew, oldVersion := countDevices, newEngine, gocclVersion
+	t.Cleanup(func() { countDevices, newEngine, gocclVersion = oldCount, oldNew, oldVersion })
+	countDevices = func() (int, error) { return visible, nil }
+	newEngine = func(_ context.Context, cfg engineConfig) (engine, error) { return build(cfg) }
+	gocclVersion = "v0.1.0-test"
+}
+
+// installFake sets up a --procs child (see TestMain). Modes: "ok"; "fail1":
+// rank 1 cannot start; "hang0": rank 0 never returns from its first
+// all-reduce.
+func installFake(mode string) {
+	gocclVersion = "v0.1.0-test"
+	countDevices = func() (int, error) { return 1, nil }
+	newEngine = func(_ context.Context, cfg engineConfig) (engine, error) {
+		if cfg.Proc == nil {
+			return nil, errors.New("fake child: no procInfo")
+		}
+		if _, err := os.Stat(filepath.Dir(cfg.Proc.Socket)); err != nil {
+			return nil, fmt.Errorf("fake child: the socket's folder: %w", err)
+		}
+		f := newFake(cfg)
+		switch {
+		case mode == "fail1" && cfg.Proc.Rank == 1:
+			return nil, errors.New("fake child: rank 1 cannot join")
+		case mode == "hang0" && cfg.Proc.Rank == 0:
+			f.measure = func(Case) (Measurement, error) {
+				time.Sleep(time.Hour)
+				return Measurement{}, nil
+			}
+		}
+		return f, nil
+	}
+}

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// requireGPU skips the test unless the real engine can see a GPU; with
+// GOCCL_REQUIRE_GPU=1 (the GPU machine) it fails instead.
+func requireGPU(t *testing.T) {
+	t.Helper()
+	n, err := countDevices()
+	if err == nil && n > 0 {
+		return
+	}
+	if os.Getenv("GOCCL_REQUIRE_GPU") == "1" {
+		t.Fatalf("GOCCL_REQUIRE_GPU=1 but no GPU to run on: %d devices, %v", n, err)
+	}
+	t.Skipf("no GPU (%d devices, %v); GOCCL_REQUIRE_GPU=1 turns this into a failure", n, err)
+}
+
+// runGPU runs arsmoke for real and logs what it printed, for the notes.
+func runGPU(t *testing.T, args ...string) (code int, stdout string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	start := time.Now()
+	code = run(args, &out, &errOut)
+	t.Logf("arsmoke %s: exit %d in %v\n%s%s", strings.Join(args, " "), code, time.Since(start).Round(time.Millisecond), out.String(), errOut.String())
+	return code, out.String()
+}
+
+// TestGPUDefault is the run users start with: it must pass, within a
+// minute on one H200.
+func TestGPUDefault(t *testing.T) {
+	requireGPU(t)
+	start := time.Now()
+	code, stdout := runGPU(t)
+	assert.Equal(t, exitPass, code)
+	assert.Contains(t, stdout, "arsmoke: PASS — ")
+	assert.Less(t, time.Since(start), time.Minute)
+}
+
+func TestGPUAllAlgorithmsGraph(t *testing.T) {
+	requireGPU(t)
+	code, stdout := runGPU(t, "-a", "all", "-g")
+	assert.Equal(t, exitPass, code)
+	for _, a := range algorithms {
+		assert.Contains(t, stdout, "# Algorithm: "+a+"\n")
+	}
+}
+
+func TestGPUProcs(t *testing.T) {
+	requireGPU(t)
+	code, stdout := runGPU(t, "--procs", "4", "-e", "1M")
+	assert.Equal(t, exitPass, code)
+	assert.Contains(t, stdout, "arsmoke: PASS — 4 ranks, ")
+}
+
+func TestGPUJSON(t *testing.T) {
+	requireGPU(t)
+	code, stdout := runGPU(t, "--json", "-d", "f16", "-e", "64K")
+	require.Equal(t, exitPass, code)
+	var r report
+	require.NoError(t, json.Unmarshal([]byte(stdout), &r))
+	assert.True(t, r.Verdict.Pass)
+	assert.GreaterOrEqual(t, r.Ranks, minWorld)
+	assert.Len(t, r.Devices, r.Ranks)
+	require.Len(t, r.Blocks, 1)
+	require.Len(t, r.Blocks[0].Rows, 7)
+	for _, row := range r.Blocks[0].Rows {
+		assert.Positive(t, row.OutOfPlace.TimeUS)
+		assert.Positive(t, row.InPlace.TimeUS)
+		assert.Zero(t, row.OutOfPlace.Wrong+row.InPlace.Wrong)
+	}
+}
+
+func TestGPUTopo(t *testing.T) {
+	requireGPU(t)
+	code, stdout := runGPU(t, "--topo")
+	assert.Equal(t, exitPass, code)
+	assert.NotEmpty(t, stdout)
+}

@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// Exit codes.
+const (
+	exitPass  = 0 // everything ran and was correct
+	exitFail  = 1 // no driver or GPU, wrong results, a timeout, ...
+	exitUsage = 2 // bad flags
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is the whole command: it parses args, runs, prints the results on
+// stdout and the diagnostics on stderr, and returns the exit code.
+func run(args []string, stdout, stderr io.Writer) int {
+	c, err := parseArgs(args)
+	if errors.Is(err, flag.ErrHelp) {
+		printUsage(stdout)
+		return exitPass
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "arsmoke: %v\nRun 'arsmoke -h' for the flags.\n", err)
+		return exitUsage
+	}
+	proc, err := childFromEnv(c)
+	if err != nil {
+		fmt.Fprintf(stderr, "arsmoke: %v\n", err)
+		return exitUsage
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	switch {
+	case c.topo:
+		if err := showTopo(ctx, stdout); err != nil {
+			fmt.Fprintf(stderr, "arsmoke: --topo: %v\n", err)
+			return exitFail
+		}
+		return exitPass
+	case c.procs != 0 && proc == nil:
+		return runParent(ctx, c, args, stdout, stderr)
+	}
+	return runRanks(ctx, c, proc, stdout, stderr)
+}
+
+// runRanks runs the sweep on the ranks this process drives: all of them, or
+// proc's one in a --procs child, where only rank 0 prints the results.
+func runRanks(ctx context.Context, c config, proc *procInfo, stdout, stderr io.Writer) int {
+	r := newReport(c)
+	r.finish(measure(ctx, c, proc, r, newProgress(stderr, c)))
+	code := exitFail
+	if r.Verdict.Pass {
+		code = exitPass
+	}
+	if proc != nil && proc.Rank != 0 {
+		if code != exitPass {
+			fmt.Fprintln(stderr, r.Verdict.Line)
+		}
+		return code
+	}
+	var err error
+	switch {
+	case c.json:
+		err = renderJSON(stdout, r)
+		if code != exitPass {
+			fmt.Fprintln(stderr, r.Verdict.Line)
+		}
+	case r.described:
+		err = renderText(stdout, r)
+	default:
+		// Nothing ran: no table, only why.
+		fmt.Fprintln(stderr, r.Verdict.Line)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "arsmoke: write the results: %v\n", err)
+		return exitFail
+	}
+	return code
+}
+
+// measure places the ranks, builds the engine and sweeps, filling r.
+func measure(ctx context.Context, c config, proc *procInfo, r *report, prog *progress) error {
+	devices, err := findDevices(c)
+	if err != nil {
+		return err
+	}
+	r.Ranks = len(devices)
+	cfg := engineConfig{Devices: devices, MaxBytes: c.maxBytes, Timeout: c.timeout}
+	if proc != nil {
+		cfg.Devices, cfg.Proc = devices[proc.Rank:proc.Rank+1], proc
+	}
+	eng, err := newEngine(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("set up %s: %w", describeMode(devices, c.procs), err)
+	}
+	r.describe(eng.Describe(), len(devices), describeMode(devices, c.procs))
+	err = sweep(ctx, eng, c, len(devices), r, prog)
+	if cerr := eng.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("close the engine: %w", cerr)
+	}
+	return err
+}

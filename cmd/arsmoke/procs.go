@@ -1,0 +1,207 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The environment that makes arsmoke a --procs child: the parent sets both
+// for each process it starts; the flags are the parent's own.
+const (
+	envRank   = "ARSMOKE_RANK"
+	envSocket = "ARSMOKE_SOCKET"
+)
+
+// childFromEnv returns who this process is when a --procs parent started
+// it, or nil when it is not a child.
+func childFromEnv(c config) (*procInfo, error) {
+	s, ok := os.LookupEnv(envRank)
+	if !ok {
+		return nil, nil
+	}
+	rank, err := strconv.Atoi(s)
+	if err != nil || c.procs == 0 || rank < 0 || rank >= c.procs {
+		return nil, fmt.Errorf("%s=%q: arsmoke --procs N sets it to 0..N-1 for the processes it starts; unset it", envRank, s)
+	}
+	sock := os.Getenv(envSocket)
+	if sock == "" {
+		return nil, fmt.Errorf("%s is set but %s is not: arsmoke --procs sets both; unset %s", envRank, envSocket, envRank)
+	}
+	return &procInfo{Rank: rank, World: c.procs, Socket: sock}, nil
+}
+
+// runParent starts c.procs copies of this executable with the same
+// arguments, one rank each, and waits for them. Rank 0's stdout becomes
+// ours; every rank's stderr comes through prefixed with its rank. When one
+// fails, the others are killed at once; when one finishes, the others get
+// --timeout to follow, so that a rank stuck outside its watchdog cannot hang
+// the run.
+func runParent(ctx context.Context, c config, args []string, stdout, stderr io.Writer) int {
+	errOut := &lockedWriter{w: stderr}
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(errOut, "arsmoke: --procs %d: %s\n", c.procs, fmt.Sprintf(format, a...))
+		return 1
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fail("find this executable to start the ranks: %v", err)
+	}
+	dir, err := os.MkdirTemp("", "arsmoke-")
+	if err != nil {
+		return fail("make a folder for the bootstrap socket: %v (set TMPDIR to a writable folder)", err)
+	}
+	defer os.RemoveAll(dir)
+	sock := filepath.Join(dir, "bootstrap.sock")
+
+	type exited struct {
+		rank int
+		err  error
+	}
+	done := make(chan exited, c.procs)
+	cmds := make([]*exec.Cmd, 0, c.procs)
+	for rank := range c.procs {
+		cmd := exec.Command(exe, args...)
+		cmd.Env = append(os.Environ(), envRank+"="+strconv.Itoa(rank), envSocket+"="+sock)
+		if rank == 0 {
+			cmd.Stdout = stdout
+		}
+		lines := &prefixWriter{out: errOut, prefix: fmt.Sprintf("rank %d: ", rank)}
+		cmd.Stderr = lines
+		// A grandchild holding the pipes open must not keep Wait waiting.
+		cmd.WaitDelay = time.Second
+		if err := cmd.Start(); err != nil {
+			for _, started := range cmds {
+				_ = started.Process.Kill()
+			}
+			for range cmds {
+				<-done
+			}
+			return fail("start rank %d: %v", rank, err)
+		}
+		cmds = append(cmds, cmd)
+		go func() {
+			err := cmd.Wait()
+			lines.flush()
+			done <- exited{rank, err}
+		}()
+	}
+
+	running := make(map[int]bool, c.procs)
+	for rank := range c.procs {
+		running[rank] = true
+	}
+	stop := func() (stopped []int) {
+		for rank := range running {
+			if cmds[rank].Process.Kill() == nil {
+				stopped = append(stopped, rank)
+			}
+		}
+		return stopped
+	}
+	var (
+		finished    = -1
+		grace       <-chan time.Time
+		interrupted = ctx.Done()
+		cause       string
+		stopped     []int
+	)
+	for len(running) > 0 {
+		select {
+		case e := <-done:
+			delete(running, e.rank)
+			switch {
+			case cause != "":
+				// One we stopped: its end is no news.
+			case e.err != nil:
+				cause = fmt.Sprintf("rank %d failed (%v)", e.rank, e.err)
+				stopped = stop()
+			case finished < 0:
+				finished = e.rank
+				grace = time.After(c.timeout)
+			}
+		case <-grace:
+			grace = nil
+			cause = fmt.Sprintf("rank %d finished, but ranks %s did not exit within --timeout %v", finished, ranks(running), c.timeout)
+			stopped = stop()
+		case <-interrupted:
+			interrupted = nil
+			cause = "interrupted"
+			stopped = stop()
+		}
+	}
+	if cause == "" {
+		return 0
+	}
+	if len(stopped) > 0 {
+		cause += fmt.Sprintf("; stopped ranks %s", ranksOf(stopped))
+	}
+	return fail("%s", cause)
+}
+
+func ranks(set map[int]bool) string {
+	var list []int
+	for r := range set {
+		list = append(list, r)
+	}
+	return ranksOf(list)
+}
+
+func ranksOf(list []int) string {
+	slices.Sort(list)
+	s := make([]string, len(list))
+	for i, r := range list {
+		s[i] = strconv.Itoa(r)
+	}
+	return strings.Join(s, ", ")
+}
+
+// lockedWriter serialises the writes of several children.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// prefixWriter writes whole lines, each behind a prefix, so that lines of
+// different ranks never mix.
+type prefixWriter struct {
+	out     io.Writer
+	prefix  string
+	pending []byte
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	p.pending = append(p.pending, b...)
+	for {
+		i := bytes.IndexByte(p.pending, '\n')
+		if i < 0 {
+			return len(b), nil
+		}
+		if _, err := p.out.Write(append([]byte(p.prefix), p.pending[:i+1]...)); err != nil {
+			return len(b), err
+		}
+		p.pending = p.pending[i+1:]
+	}
+}
+
+// flush writes a last line that had no newline.
+func (p *prefixWriter) flush() {
+	if len(p.pending) > 0 {
+		_, _ = p.Write([]byte("\n"))
+	}
+}

@@ -1,0 +1,474 @@
+package collective
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"unsafe"
+
+	"github.com/goccl/goccl/collective/bootstrap"
+	"github.com/goccl/goccl/driver"
+	"github.com/goccl/goccl/memory"
+	"github.com/goccl/goccl/ptx"
+	"golang.org/x/sys/unix"
+)
+
+// Comm is one rank of a communicator: the memory it shares with its peers, the kernels, and
+// the state of its registration table. Methods are safe from several goroutines: calls are
+// serialised by a mutex (a launch is a few microseconds, so nobody waits long).
+type Comm struct {
+	mu sync.Mutex
+
+	rank, size int
+	dev        driver.Device
+	ctx        *driver.Context
+	boot       bootstrap.Bootstrap
+	opts       Options
+	major      int // compute capability of this rank's GPU
+	kernels    *kernelSet
+	pdl        bool // launch with programmatic dependent launch
+	blocks     int  // block limit of OneShot and TwoShot
+	pushBlocks int  // block count of every Push launch
+	allLocal   bool // every rank lives in this process
+
+	layout  arenaLayout
+	arena   *memory.Buffer
+	peers   []*memory.Mapping    // every rank's arena in this process (own: local)
+	peerCtx []*driver.Context    // primary contexts retained for peer access (other devices)
+	errRec  *driver.HostBuffer   // the kernels' error record, readable without a sync
+	table   *slotTable           // registration table
+	opened  map[ipcKey]*memory.Mapping // peers' user buffers opened through IPC
+
+	// Kernel arguments that never change, packed once: p_sig and p_buf arrays.
+	sig     [8 * ptx.MaxRanks]byte
+	tmp     [8 * ptx.MaxRanks]byte
+	recv    [8 * ptx.MaxRanks]byte
+	timeout uint64
+
+	args driver.Args
+	cfg  driver.LaunchConfig
+
+	registered map[driver.DevicePtr]registration // src pointer -> slot, for zero-copy inputs
+	capture    *captureState                     // non-nil while Capture records
+	closed     bool
+	failed     error // sticky asynchronous error
+}
+
+// registration is a user buffer whose peers' counterparts sit in a table slot.
+type registration struct {
+	slot  int
+	bytes uint64
+}
+
+type ipcKey struct {
+	pid    int
+	handle driver.IPCMemHandle
+}
+
+// arenaLayout places the shared pieces of one rank's arena.
+type arenaLayout struct {
+	staging, tmp, recv uint64 // offsets; signals are at 0
+	recvSlot           uint64 // bytes of one push receive slot
+	total              uint64
+}
+
+func newArenaLayout(o Options, worldSize int) arenaLayout {
+	var l arenaLayout
+	l.staging = ptx.SignalBytes
+	l.tmp = l.staging + uint64(o.MaxBytes)
+	// TwoShot's tmp holds the largest shard: nvec/ws + nvec%ws vectors.
+	maxVec := uint64(o.MaxBytes) / ptx.VectorBytes
+	l.recv = l.tmp + (maxVec/uint64(worldSize)+uint64(worldSize))*ptx.VectorBytes
+	l.recvSlot = uint64(o.PushMaxBytes)
+	l.total = l.recv + 2*uint64(worldSize)*l.recvSlot
+	return l
+}
+
+// rankFacts is the fixed-size part of what every rank tells the others at init.
+type rankFacts struct {
+	PID         int64
+	Device      int64 // CUDA ordinal in its process
+	UUID        [16]byte
+	SMs         int64
+	BlocksPerSM int64
+	Major       int64 // compute capability
+	// The options every rank must agree on.
+	Blocks, PushBlocks, MaxBytes, PushMaxBytes, Algorithm int64
+}
+
+// rankInfo is what every rank tells the others at init.
+type rankInfo struct {
+	rankFacts
+	Arena memory.Descriptor
+}
+
+func (ri rankInfo) marshal() ([]byte, error) {
+	var b bytes.Buffer
+	if err := binary.Write(&b, binary.LittleEndian, ri.rankFacts); err != nil {
+		return nil, err
+	}
+	arena, err := ri.Arena.MarshalBinary()
+	if err != nil {
+		return nil, err
+	}
+	b.Write(arena)
+	return b.Bytes(), nil
+}
+
+func unmarshalRankInfo(p []byte) (rankInfo, error) {
+	var ri rankInfo
+	r := bytes.NewReader(p)
+	if err := binary.Read(r, binary.LittleEndian, &ri.rankFacts); err != nil {
+		return ri, fmt.Errorf("malformed rank info (do all ranks run the same goccl version?): %w", err)
+	}
+	if err := ri.Arena.UnmarshalBinary(p[len(p)-r.Len():]); err != nil {
+		return ri, err
+	}
+	return ri, nil
+}
+
+// New creates this process's rank of a communicator on the CUDA device with the given
+// ordinal. Every rank calls New with the same options; boot connects them (see package
+// bootstrap) and is owned by the Comm afterwards (closed by Close). New fails, rather than
+// hangs, when a rank does not join before ctx ends.
+func New(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Options) (c *Comm, err error) {
+	if boot == nil {
+		return nil, invalid("nil bootstrap")
+	}
+	opts, err = opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	size := boot.Size()
+	if size < 2 || size > ptx.MaxRanks {
+		return nil, invalid("world size %d: goccl's all-reduce takes 2 to %d ranks", size, ptx.MaxRanks)
+	}
+	if err := driver.Init(); err != nil {
+		return nil, fmt.Errorf("collective: %w", err)
+	}
+	dev, err := driver.GetDevice(device)
+	if err != nil {
+		return nil, fmt.Errorf("collective: rank %d: device %d: %w", boot.Rank(), device, err)
+	}
+	c = &Comm{rank: boot.Rank(), size: size, dev: dev, boot: boot, opts: opts,
+		registered: map[driver.DevicePtr]registration{}, opened: map[ipcKey]*memory.Mapping{}}
+	defer func() {
+		if err != nil {
+			c.release()
+			c = nil
+		}
+	}()
+	if c.ctx, err = driver.PrimaryContext(dev); err != nil {
+		return c, fmt.Errorf("collective: rank %d: context of device %d: %w", c.rank, device, err)
+	}
+	if err := c.init(ctx, device); err != nil {
+		return c, fmt.Errorf("collective: rank %d: %w", c.rank, err)
+	}
+	return c, nil
+}
+
+// NewGroup creates a communicator whose ranks all live in this process, one rank per entry
+// of devices (CUDA ordinals). A device may repeat: its ranks are virtual ranks that share the
+// GPU, each with its own stream, which is how goccl is tested on one GPU. The comms are
+// returned in rank order; close each of them.
+func NewGroup(ctx context.Context, devices []int, opts Options) ([]*Comm, error) {
+	boots, err := bootstrap.NewInProcess(len(devices))
+	if err != nil {
+		return nil, fmt.Errorf("collective: %w", err)
+	}
+	comms := make([]*Comm, len(devices))
+	errs := make([]error, len(devices))
+	var wg sync.WaitGroup
+	for r, dev := range devices {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			comms[r], errs[r] = New(ctx, dev, boots[r], opts)
+			if errs[r] != nil {
+				// Unblock the ranks still waiting for this one.
+				boots[r].Close()
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, c := range comms {
+			if c != nil {
+				c.Close()
+			}
+		}
+		return nil, err
+	}
+	return comms, nil
+}
+
+// init allocates, exchanges and maps everything the kernels need.
+func (c *Comm) init(ctx context.Context, ordinal int) error {
+	major, minor, err := c.dev.ComputeCapability()
+	if err != nil {
+		return err
+	}
+	c.major = major
+	target, err := ptx.TargetFor(major, minor)
+	if err != nil {
+		return err
+	}
+	sms, err := c.dev.SMCount()
+	if err != nil {
+		return err
+	}
+	uuid, err := c.dev.UUID()
+	if err != nil {
+		return err
+	}
+	if err := checkParams(c.size); err != nil {
+		return err
+	}
+	if c.kernels, err = acquireKernels(c.ctx, kernelKey{dev: c.dev, worldSize: c.size, target: target}); err != nil {
+		return err
+	}
+
+	c.layout = newArenaLayout(c.opts, c.size)
+	if c.arena, err = memory.Alloc(c.ctx, c.layout.total, c.opts.IPC); err != nil {
+		return err
+	}
+	if c.errRec, err = c.ctx.AllocHost(ptx.ErrRecordBytes); err != nil {
+		return fmt.Errorf("error record: %w", err)
+	}
+	clear(c.errRec.Bytes())
+	if c.table, err = newSlotTable(c.ctx, c.opts.MaxSlots, c.size); err != nil {
+		return err
+	}
+
+	desc, fd, err := c.arena.Describe()
+	if err != nil {
+		return err
+	}
+	mine := rankInfo{rankFacts: rankFacts{PID: int64(os.Getpid()), Device: int64(ordinal), UUID: uuid,
+		SMs: int64(sms), BlocksPerSM: int64(c.kernels.maxBlocksPerSM), Major: int64(major),
+		Blocks: int64(c.opts.Blocks), PushBlocks: int64(c.opts.PushBlocks), MaxBytes: c.opts.MaxBytes,
+		PushMaxBytes: c.opts.PushMaxBytes, Algorithm: int64(c.opts.Algorithm)}, Arena: desc}
+	blob, err := mine.marshal()
+	if err != nil {
+		return err
+	}
+	blobs, err := c.boot.AllGather(ctx, blob)
+	if err != nil {
+		return fmt.Errorf("exchange rank info: %w", err)
+	}
+	infos := make([]rankInfo, c.size)
+	for r, b := range blobs {
+		if infos[r], err = unmarshalRankInfo(b); err != nil {
+			return fmt.Errorf("rank info of rank %d: %w", r, err)
+		}
+	}
+	if err := c.agree(infos); err != nil {
+		return err
+	}
+	fds := make([][]int, c.size)
+	if c.opts.IPC == memory.VMM {
+		if fds, err = c.boot.AllGatherFDs(ctx, []int{fd}); err != nil {
+			return fmt.Errorf("exchange VMM file descriptors: %w", err)
+		}
+		unix.Close(fd) // our own entry is the fd we passed: it was only needed for the peers
+	}
+
+	// Every block of every rank that shares a GPU must be resident at once; the tightest GPU
+	// decides, since every rank must launch the same grid.
+	blocksPerSM, smsOnGPU := int(infos[0].BlocksPerSM), int(infos[0].SMs)
+	c.allLocal = true
+	for _, ri := range infos {
+		blocksPerSM, smsOnGPU = min(blocksPerSM, int(ri.BlocksPerSM)), min(smsOnGPU, int(ri.SMs))
+		c.allLocal = c.allLocal && ri.PID == mine.PID
+		// The selection table must pick the same algorithm on every rank.
+		c.major = min(c.major, int(ri.Major))
+	}
+	maxOnGPU := ranksPerGPU(infos)
+	c.blocks = blockCap(c.opts.Blocks, smsOnGPU, blocksPerSM, maxOnGPU)
+	c.pushBlocks = blockCap(c.opts.PushBlocks, smsOnGPU, blocksPerSM, maxOnGPU)
+	// PDL lets the next kernel start early; with several ranks on one GPU its blocks could
+	// take the room a peer's all-reduce needs to become resident, so only one rank per GPU.
+	c.pdl = major >= 9 && !c.opts.DisablePDL && maxOnGPU == 1 && driver.Has(driver.FeatureLaunchEx)
+	c.timeout = c.opts.timeoutNanos()
+
+	if err := c.mapPeers(infos, fds); err != nil {
+		return err
+	}
+	// Slot 0: every rank's staging buffer, the input of eager pull all-reduces.
+	staging := make([]driver.DevicePtr, c.size)
+	for r, m := range c.peers {
+		base := m.Ptr()
+		staging[r] = base + driver.DevicePtr(c.layout.staging)
+		binary.LittleEndian.PutUint64(c.sig[8*r:], uint64(base))
+		binary.LittleEndian.PutUint64(c.tmp[8*r:], uint64(base)+c.layout.tmp)
+		binary.LittleEndian.PutUint64(c.recv[8*r:], uint64(base)+c.layout.recv)
+	}
+	if _, err := c.table.fill(staging); err != nil {
+		return err
+	}
+	if err := c.boot.Barrier(ctx); err != nil {
+		return fmt.Errorf("final barrier: %w", err)
+	}
+	return nil
+}
+
+// agree checks that every rank passed the same options: different grids or buffer sizes would
+// make the kernels wait for blocks that never come, or read past buffers.
+func (c *Comm) agree(infos []rankInfo) error {
+	type agreed struct{ Blocks, PushBlocks, MaxBytes, PushMaxBytes, Algorithm int64 }
+	pick := func(f rankFacts) agreed { return agreed{f.Blocks, f.PushBlocks, f.MaxBytes, f.PushMaxBytes, f.Algorithm} }
+	me := pick(infos[c.rank].rankFacts)
+	for r, ri := range infos {
+		if pick(ri.rankFacts) != me {
+			return invalid("rank %d was created with different options (Blocks, PushBlocks, MaxBytes, PushMaxBytes, Algorithm) than rank %d: all ranks must pass the same", r, c.rank)
+		}
+	}
+	return nil
+}
+
+// ranksPerGPU is the largest number of ranks that share one GPU.
+func ranksPerGPU(infos []rankInfo) int {
+	count := map[[16]byte]int{}
+	most := 0
+	for _, ri := range infos {
+		count[ri.UUID]++
+		most = max(most, count[ri.UUID])
+	}
+	return most
+}
+
+// mapPeers makes every rank's arena addressable here, enabling peer access to other devices
+// of this process.
+func (c *Comm) mapPeers(infos []rankInfo, fds [][]int) error {
+	c.peers = make([]*memory.Mapping, c.size)
+	for r, ri := range infos {
+		fd := -1
+		if len(fds[r]) > 0 && r != c.rank {
+			fd = fds[r][0]
+		}
+		if ri.Arena.Local() && ri.Device != int64(c.dev) {
+			if err := c.enablePeer(int(ri.Device)); err != nil {
+				return fmt.Errorf("peer access to rank %d on device %d: %w", r, ri.Device, err)
+			}
+		}
+		m, err := memory.Open(c.ctx, ri.Arena, fd)
+		if err != nil {
+			return fmt.Errorf("map the arena of rank %d: %w", r, err)
+		}
+		c.peers[r] = m
+	}
+	return nil
+}
+
+func (c *Comm) enablePeer(ordinal int) error {
+	dev, err := driver.GetDevice(ordinal)
+	if err != nil {
+		return err
+	}
+	for _, p := range c.peerCtx {
+		if p.Device() == dev {
+			return nil
+		}
+	}
+	pctx, err := driver.PrimaryContext(dev)
+	if err != nil {
+		return err
+	}
+	c.peerCtx = append(c.peerCtx, pctx)
+	return c.ctx.EnablePeerAccess(pctx)
+}
+
+// checkParams verifies that the kernel catalog lists the parameters in the order AllReduce
+// packs them, so a change to one side cannot silently misplace arguments.
+func checkParams(worldSize int) error {
+	want := []struct {
+		name string
+		size int
+	}{{"p_inputs", 8}, {"p_out", 8}, {"p_nvec", 4}, {"p_rank", 4}, {"p_err", 8}, {"p_timeout", 8},
+		{"p_sig", 8 * worldSize}, {"p_buf", 8 * worldSize}, {"p_slot", 8}}
+	got := ptx.Params(worldSize)
+	if len(got) != len(want) {
+		return fmt.Errorf("internal error: kernel catalog has %d parameters, launcher packs %d", len(got), len(want))
+	}
+	for i, p := range got {
+		if p.Name != want[i].name || p.Size != want[i].size {
+			return fmt.Errorf("internal error: kernel parameter %d is %s (%d bytes), launcher packs %s (%d bytes)", i, p.Name, p.Size, want[i].name, want[i].size)
+		}
+	}
+	return nil
+}
+
+// Rank returns this communicator's rank.
+func (c *Comm) Rank() int { return c.rank }
+
+// Size returns the number of ranks.
+func (c *Comm) Size() int { return c.size }
+
+// Device returns the CUDA device of this rank.
+func (c *Comm) Device() driver.Device { return c.dev }
+
+// Context returns the primary context of this rank's device, for allocating buffers and
+// creating streams. It stays valid until Close.
+func (c *Comm) Context() *driver.Context { return c.ctx }
+
+// Close releases everything the rank holds. Peers should close too: their kernels can no
+// longer reach this rank. Close is idempotent.
+func (c *Comm) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	return c.release()
+}
+
+// release frees in reverse order of init; it tolerates a partly built Comm.
+func (c *Comm) release() error {
+	var errs []error
+	if c.ctx != nil {
+		// In-flight kernels may still touch the arena and the peers' memory.
+		errs = append(errs, c.ctx.Synchronize())
+	}
+	for _, m := range c.opened {
+		errs = append(errs, m.Close())
+	}
+	for _, m := range c.peers {
+		errs = append(errs, m.Close())
+	}
+	if c.table != nil {
+		errs = append(errs, c.table.close())
+	}
+	if c.errRec != nil {
+		errs = append(errs, c.errRec.Close())
+	}
+	if c.arena != nil {
+		errs = append(errs, c.arena.Close())
+	}
+	if c.kernels != nil {
+		errs = append(errs, c.kernels.release())
+	}
+	for _, p := range c.peerCtx {
+		errs = append(errs, p.Close())
+	}
+	if c.boot != nil {
+		errs = append(errs, c.boot.Close())
+	}
+	if c.ctx != nil {
+		errs = append(errs, c.ctx.Close())
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("collective: close rank %d: %w", c.rank, err)
+	}
+	return nil
+}
+
+// errWord reads word i of the error record. The kernel writes it through the mapping while
+// the host may read it: atomic loads keep the race detector and the compiler honest.
+func (c *Comm) errWord(i int) uint32 {
+	return atomicLoad32((*uint32)(unsafe.Pointer(&c.errRec.Bytes()[4*i])))
+}

@@ -1,0 +1,77 @@
+package collective
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/goccl/goccl/ptx"
+)
+
+var (
+	// ErrInvalidArgument is returned, before anything is launched, for a call the
+	// communicator cannot serve: bad size, alignment, pointer, dtype, stream or option.
+	ErrInvalidArgument = errors.New("collective: invalid argument")
+	// ErrClosed is returned by every call on a closed communicator.
+	ErrClosed = errors.New("collective: communicator is closed")
+	// ErrTimeout means a kernel's watchdog fired: a peer did not arrive in time. The
+	// communicator is unusable afterwards; close it and build a new one.
+	ErrTimeout = errors.New("collective: timed out waiting for a peer")
+	// ErrUnfilledSlot means a kernel found a registration slot without its peers' pointers:
+	// a graph was replayed before Capture exchanged its buffers.
+	ErrUnfilledSlot = errors.New("collective: graph replayed before its buffers were exchanged")
+	// ErrUnusable is returned by every call after an earlier asynchronous error.
+	ErrUnusable = errors.New("collective: communicator is unusable after an earlier error")
+)
+
+// KernelError is an error a kernel recorded in its error record, read back by the host.
+// errors.Is matches ErrTimeout or ErrUnfilledSlot, and ErrUnusable.
+type KernelError struct {
+	Code  uint32 // ptx.ErrCode*
+	Rank  int    // the rank whose kernel recorded it
+	Block int    // thread block that recorded it
+	Peer  int    // the rank that did not arrive, or whose slot was empty
+	Phase uint32 // ptx.Phase*
+}
+
+func (e *KernelError) Error() string {
+	switch e.Code {
+	case ptx.ErrCodeTimeout:
+		return fmt.Sprintf("collective: rank %d timed out in the %s waiting for rank %d (block %d): that rank never launched its all-reduce, is stuck, or died",
+			e.Rank, phaseName(e.Phase), e.Peer, e.Block)
+	case ptx.ErrCodeUnfilledSlot:
+		return fmt.Sprintf("collective: rank %d found no pointer for rank %d in its registration slot (block %d): a captured graph was replayed before Capture finished exchanging buffers",
+			e.Rank, e.Peer, e.Block)
+	}
+	return fmt.Sprintf("collective: rank %d: kernel error code %d (peer %d, block %d, %s)", e.Rank, e.Code, e.Peer, e.Block, phaseName(e.Phase))
+}
+
+// Is makes errors.Is work with the package's sentinels.
+func (e *KernelError) Is(target error) bool {
+	switch target {
+	case ErrUnusable:
+		return true
+	case ErrTimeout:
+		return e.Code == ptx.ErrCodeTimeout
+	case ErrUnfilledSlot:
+		return e.Code == ptx.ErrCodeUnfilledSlot
+	}
+	return false
+}
+
+func phaseName(p uint32) string {
+	switch p {
+	case ptx.PhaseEntry:
+		return "entry barrier"
+	case ptx.PhaseMiddle:
+		return "middle barrier"
+	case ptx.PhaseExit:
+		return "exit barrier"
+	case ptx.PhasePush:
+		return "push receive"
+	}
+	return fmt.Sprintf("phase %d", p)
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidArgument, fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,103 @@
+package collective
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/goccl/goccl/driver"
+	"github.com/goccl/goccl/dtype"
+	"github.com/goccl/goccl/ptx"
+)
+
+// kernelSet holds the JIT-compiled kernels of one world size on one device: one function per
+// (algorithm, dtype). Ranks of one process on one device share it; it is unloaded when the
+// last of them closes.
+type kernelSet struct {
+	key     kernelKey
+	refs    int // guarded by kernelCache.mu
+	modules []*driver.Module
+	fn      [ptx.Push + 1][dtype.BFloat16 + 1]*driver.Function
+	// maxBlocksPerSM is the smallest occupancy of any kernel in the set at ThreadsPerBlock.
+	maxBlocksPerSM int
+}
+
+type kernelKey struct {
+	dev       driver.Device
+	worldSize int
+	target    ptx.Target
+}
+
+// kernelCache maps a device and world size to its loaded kernels. The primary context of a
+// device is one per process, so the device identifies the context.
+var kernelCache = struct {
+	mu   sync.Mutex
+	sets map[kernelKey]*kernelSet
+}{sets: map[kernelKey]*kernelSet{}}
+
+// acquireKernels returns the kernels for key, loading them on first use.
+func acquireKernels(ctx *driver.Context, key kernelKey) (*kernelSet, error) {
+	kernelCache.mu.Lock()
+	defer kernelCache.mu.Unlock()
+	if ks := kernelCache.sets[key]; ks != nil {
+		ks.refs++
+		return ks, nil
+	}
+	ks := &kernelSet{key: key, refs: 1, maxBlocksPerSM: 1 << 30}
+	for _, algo := range ptx.Algorithms {
+		for _, dt := range dtype.All {
+			spec := ptx.Spec{Algo: algo, DType: dt, WorldSize: key.worldSize, Target: key.target}
+			src, err := spec.Generate()
+			if err != nil {
+				ks.unload()
+				return nil, fmt.Errorf("collective: generate %s: %w", spec.EntryName(), err)
+			}
+			mod, err := ctx.LoadModule(spec.EntryName(), src)
+			if err != nil {
+				ks.unload()
+				return nil, fmt.Errorf("collective: load kernel %s for %s: %w", spec.EntryName(), key.target, err)
+			}
+			ks.modules = append(ks.modules, mod)
+			fn, err := mod.Function(spec.EntryName())
+			if err != nil {
+				ks.unload()
+				return nil, fmt.Errorf("collective: find kernel %s: %w", spec.EntryName(), err)
+			}
+			occ, err := fn.MaxActiveBlocksPerSM(ptx.ThreadsPerBlock, 0)
+			if err != nil {
+				ks.unload()
+				return nil, fmt.Errorf("collective: occupancy of %s: %w", spec.EntryName(), err)
+			}
+			if occ < 1 {
+				ks.unload()
+				return nil, fmt.Errorf("collective: kernel %s cannot run %d threads per block on this GPU", spec.EntryName(), ptx.ThreadsPerBlock)
+			}
+			ks.maxBlocksPerSM = min(ks.maxBlocksPerSM, occ)
+			ks.fn[algo][dt] = fn
+		}
+	}
+	kernelCache.sets[key] = ks
+	return ks, nil
+}
+
+// release drops one reference and unloads the modules with the last one.
+func (ks *kernelSet) release() error {
+	kernelCache.mu.Lock()
+	defer kernelCache.mu.Unlock()
+	ks.refs--
+	if ks.refs > 0 {
+		return nil
+	}
+	delete(kernelCache.sets, ks.key)
+	return ks.unload()
+}
+
+func (ks *kernelSet) unload() error {
+	var first error
+	for _, m := range ks.modules {
+		if err := m.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	ks.modules = nil
+	return first
+}

@@ -1,0 +1,150 @@
+package collective_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/collective"
+	"github.com/goccl/goccl/collective/bootstrap"
+	"github.com/goccl/goccl/dtype"
+	"github.com/goccl/goccl/internal/ref"
+	"github.com/goccl/goccl/memory"
+	"github.com/goccl/goccl/ptx"
+)
+
+// TestMultiProcess runs 4 processes on GPU 0, joined by the Unix-socket bootstrap, with each
+// kind of IPC memory: real cross-process handles. With MPS running (the GPU bundle starts it
+// where it exists) their kernels run concurrently; without it they time-slice, slower but
+// still correct.
+func TestMultiProcess(t *testing.T) {
+	requireGPU(t)
+	const procs = 4
+	for _, kind := range []memory.Kind{memory.LegacyIPC, memory.VMM} {
+		t.Run(kind.String(), func(t *testing.T) {
+			sock := filepath.Join(t.TempDir(), "boot.sock")
+			cmds := make([]*exec.Cmd, procs)
+			outs := make([]*bytes.Buffer, procs)
+			for r := range procs {
+				cmd := exec.Command(os.Args[0], "-test.run=^TestMultiProcessChild$", "-test.v")
+				cmd.Env = append(os.Environ(), "GOCCL_MP_RANK="+strconv.Itoa(r), "GOCCL_MP_SIZE="+strconv.Itoa(procs),
+					"GOCCL_MP_SOCK="+sock, "GOCCL_MP_KIND="+strconv.Itoa(int(kind)))
+				outs[r] = &bytes.Buffer{}
+				cmd.Stdout, cmd.Stderr = outs[r], outs[r]
+				require.NoError(t, cmd.Start())
+				cmds[r] = cmd
+			}
+			timer := time.AfterFunc(4*time.Minute, func() {
+				for _, c := range cmds {
+					c.Process.Kill()
+				}
+			})
+			defer timer.Stop()
+			for r, c := range cmds {
+				err := c.Wait()
+				require.NoError(t, err, "rank %d failed:\n%s", r, outs[r])
+				require.Contains(t, outs[r].String(), "multiprocess rank ok", "rank %d:\n%s", r, outs[r])
+			}
+			t.Logf("rank 0 output:\n%s", outs[0])
+		})
+	}
+}
+
+// TestMultiProcessChild is one rank of TestMultiProcess; it does nothing unless started by it.
+func TestMultiProcessChild(t *testing.T) {
+	rankStr := os.Getenv("GOCCL_MP_RANK")
+	if rankStr == "" {
+		t.Skip("child of TestMultiProcess only")
+	}
+	rank, _ := strconv.Atoi(rankStr)
+	size, _ := strconv.Atoi(os.Getenv("GOCCL_MP_SIZE"))
+	kindN, _ := strconv.Atoi(os.Getenv("GOCCL_MP_KIND"))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	boot, err := bootstrap.NewUnix(ctx, os.Getenv("GOCCL_MP_SOCK"), rank, size)
+	require.NoError(t, err)
+	start := time.Now()
+	comm, err := collective.New(ctx, 0, boot, collective.Options{IPC: memory.Kind(kindN), Timeout: 20 * time.Second})
+	require.NoError(t, err)
+	defer comm.Close()
+	t.Logf("rank %d: New took %v", rank, time.Since(start))
+
+	c := comm.Context()
+	stream, err := c.NewStream()
+	require.NoError(t, err)
+	defer stream.Close()
+	const capacity = 2 << 20
+	in, err := c.Alloc(capacity)
+	require.NoError(t, err)
+	defer c.Free(in)
+	out, err := c.Alloc(capacity)
+	require.NoError(t, err)
+	defer c.Free(out)
+
+	// Every rank derives every rank's input from the same seeds, so each can compute the
+	// reference on its own.
+	inputsFor := func(round int, dt dtype.DType, nbytes int) [][]byte {
+		inputs := make([][]byte, size)
+		for r := range inputs {
+			inputs[r] = ref.Random(rand.New(rand.NewPCG(uint64(round), uint64(r))), dt, nbytes)
+		}
+		return inputs
+	}
+	run := func(round int, algo collective.Algorithm, dt dtype.DType, nbytes int, launch func() error) {
+		inputs := inputsFor(round, dt, nbytes)
+		require.NoError(t, c.CopyHtoD(in, inputs[rank]))
+		require.NoError(t, c.MemsetD8(out, 0xFF, uint64(nbytes)))
+		require.NoError(t, launch())
+		require.NoError(t, stream.Synchronize())
+		require.NoError(t, comm.Err())
+		want, err := reference(algo, dt, inputs)
+		require.NoError(t, err)
+		got := make([]byte, nbytes)
+		require.NoError(t, c.CopyDtoH(got, out))
+		n, first := ref.Compare(dt, want, got)
+		require.Zero(t, n, "round %d %v %v %d bytes: %d wrong, first %+v", round, algo, dt, nbytes, n, first)
+	}
+
+	round := 0
+	for _, algo := range ptx.Algorithms {
+		for _, dt := range dtype.All {
+			for _, nbytes := range []int{16, 1040 * dt.Size(), 256 << 10} {
+				round++
+				run(round, algo, dt, nbytes, func() error {
+					return comm.AllReduceWith(stream, out, in, nbytes/dt.Size(), dt, algo)
+				})
+			}
+		}
+	}
+
+	// Registered input (zero copy through an IPC-opened user buffer), then graph capture
+	// with deferred registration, replayed on fresh data.
+	require.NoError(t, comm.Register(ctx, in, capacity))
+	nbytes := 1 << 20
+	for _, algo := range []collective.Algorithm{collective.OneShot, collective.TwoShot} {
+		round++
+		run(round, algo, dtype.BFloat16, nbytes, func() error {
+			return comm.AllReduceWith(stream, out, in, nbytes/2, dtype.BFloat16, algo)
+		})
+		graph, err := comm.Capture(ctx, stream, func() error {
+			return comm.AllReduceWith(stream, out, in, nbytes/2, dtype.BFloat16, algo)
+		})
+		require.NoError(t, err)
+		for range 3 {
+			round++
+			run(round, algo, dtype.BFloat16, nbytes, func() error { return graph.Launch(stream) })
+		}
+		require.NoError(t, graph.Close())
+	}
+	fmt.Println("multiprocess rank ok")
+}

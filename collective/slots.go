@@ -1,0 +1,83 @@
+package collective
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/goccl/goccl/driver"
+	"github.com/goccl/goccl/ptx"
+)
+
+// slotTable is the registration table in device memory: slot i holds the world-size input
+// pointers that a pull kernel reads through p_inputs (rank order). It is this rank's own,
+// never shared: the pointers are the peers' buffers as mapped in this process. Slots are
+// zeroed at creation, so a kernel that meets a slot that was never filled records
+// ErrCodeUnfilledSlot instead of dereferencing 0.
+type slotTable struct {
+	ctx   *driver.Context
+	base  driver.DevicePtr
+	slots int
+	used  int
+}
+
+// slotBytes is the size of one slot: room for MaxRanks pointers keeps slot addresses
+// independent of the world size.
+const slotBytes = 8 * ptx.MaxRanks
+
+func newSlotTable(ctx *driver.Context, slots, worldSize int) (*slotTable, error) {
+	size := uint64(slots) * slotBytes
+	base, err := ctx.Alloc(size)
+	if err != nil {
+		return nil, fmt.Errorf("registration table (%d slots): %w", slots, err)
+	}
+	if err := ctx.MemsetD8(base, 0, size); err != nil {
+		ctx.Free(base)
+		return nil, fmt.Errorf("registration table: %w", err)
+	}
+	return &slotTable{ctx: ctx, base: base, slots: slots}, nil
+}
+
+// reserve takes the next free slot without filling it (graph capture fills it later).
+func (t *slotTable) reserve() (int, error) {
+	if t.used == t.slots {
+		return 0, fmt.Errorf("%w: the registration table is full (%d slots): raise Options.MaxSlots", ErrInvalidArgument, t.slots)
+	}
+	t.used++
+	return t.used - 1, nil
+}
+
+// fill takes the next free slot and writes ptrs into it.
+func (t *slotTable) fill(ptrs []driver.DevicePtr) (int, error) {
+	slot, err := t.reserve()
+	if err != nil {
+		return 0, err
+	}
+	return slot, t.write(slot, ptrs)
+}
+
+// write stores ptrs (rank order) into slot. It is synchronous: it runs at init, Register and
+// the end of Capture, never on the all-reduce path.
+func (t *slotTable) write(slot int, ptrs []driver.DevicePtr) error {
+	var buf [slotBytes]byte
+	for r, p := range ptrs {
+		binary.LittleEndian.PutUint64(buf[8*r:], uint64(p))
+	}
+	if err := t.ctx.CopyHtoD(t.addr(slot), buf[:8*len(ptrs)]); err != nil {
+		return fmt.Errorf("write registration slot %d: %w", slot, err)
+	}
+	return nil
+}
+
+// addr is the device address of slot, the value of p_inputs.
+func (t *slotTable) addr(slot int) driver.DevicePtr {
+	return t.base + driver.DevicePtr(slot*slotBytes)
+}
+
+func (t *slotTable) close() error {
+	if t.base == 0 {
+		return nil
+	}
+	err := t.ctx.Free(t.base)
+	t.base = 0
+	return err
+}

@@ -1,0 +1,167 @@
+package topology
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestPeerCheckRunsEveryPairThenComesFromCache(t *testing.T) {
+	nv, cu := pcieBox()
+	broken := fmt.Errorf("4096 of 1048576 bytes differ (%w)", ErrPeerCheckFailed)
+	cu.checkErr = map[Pair]error{{1, 0}: broken}
+	dir := t.TempDir()
+	opts := Options{NVML: nv, CUDA: cu, CheckP2P: true, CacheDir: dir}
+
+	topo, err := Discover(context.Background(), opts)
+	require.NoError(t, err)
+	require.Len(t, cu.checked, 1)
+	assert.ElementsMatch(t, []Pair{{0, 0}, {0, 1}, {1, 0}, {1, 1}}, cu.checked[0])
+	assert.Equal(t, CheckRunNow, topo.PeerCheck)
+	assert.Empty(t, topo.Notes)
+	assert.True(t, topo.Links[0][1].Check.Passed())
+	assert.True(t, topo.Links[1][1].Check.Passed())
+	assert.Equal(t, Check{Ran: true, Err: broken.Error()}, topo.Links[1][0].Check)
+	require.FileExists(t, topo.CachePath)
+	assert.Equal(t, dir, filepath.Dir(topo.CachePath))
+	assert.Contains(t, filepath.Base(topo.CachePath), "550.54.15")
+
+	again, err := Discover(context.Background(), opts)
+	require.NoError(t, err)
+	assert.Len(t, cu.checked, 1, "second Discover must not re-check")
+	assert.Equal(t, CheckFromCache, again.PeerCheck)
+	assert.Equal(t, topo.CachePath, again.CachePath)
+	assert.Equal(t, topo.Links, again.Links, "cached results equal fresh ones")
+
+	// The same GPUs in the other CUDA order share the cache: it is keyed by bus id.
+	cu.gpus[0], cu.gpus[1] = cu.gpus[1], cu.gpus[0]
+	swapped, err := Discover(context.Background(), opts)
+	require.NoError(t, err)
+	assert.Len(t, cu.checked, 1)
+	assert.Equal(t, CheckFromCache, swapped.PeerCheck)
+	assert.Equal(t, broken.Error(), swapped.Links[0][1].Check.Err, "the failing pair follows the GPUs")
+	assert.True(t, swapped.Links[1][0].Check.Passed())
+
+	opts.Force = true
+	cu.checkErr = nil
+	forced, err := Discover(context.Background(), opts)
+	require.NoError(t, err)
+	assert.Len(t, cu.checked, 2, "Force re-checks")
+	assert.Equal(t, CheckRunNow, forced.PeerCheck)
+	assert.True(t, forced.Links[0][1].Check.Passed())
+
+	opts.Force = false
+	fresh, err := Discover(context.Background(), opts)
+	require.NoError(t, err)
+	assert.Equal(t, CheckFromCache, fresh.PeerCheck)
+	assert.True(t, fresh.Links[0][1].Check.Passed(), "Force rewrote the cache")
+}
+
+func TestPeerCheckCacheKeys(t *testing.T) {
+	dir := t.TempDir()
+	run := func(nv *fakeNVML, cu *fakeCUDA) *Topology {
+		t.Helper()
+		topo, err := Discover(context.Background(), Options{NVML: nv, CUDA: cu, CheckP2P: true, CacheDir: dir})
+		require.NoError(t, err)
+		return topo
+	}
+	nv, cu := pcieBox()
+	first := run(nv, cu)
+
+	nv.driver = "550.90.07" // a driver update
+	updated := run(nv, cu)
+	assert.Equal(t, CheckRunNow, updated.PeerCheck)
+	assert.NotEqual(t, first.CachePath, updated.CachePath)
+
+	nv, cu = pcieBox()
+	cu.gpus = cu.gpus[:1] // CUDA_VISIBLE_DEVICES narrowed further
+	narrowed := run(nv, cu)
+	assert.Equal(t, CheckRunNow, narrowed.PeerCheck)
+	assert.NotEqual(t, first.CachePath, narrowed.CachePath)
+
+	nv, cu = pcieBox()
+	nv.initErr = ErrNoNVML // no NVML: the key falls back to CUDA's version
+	noNVML := run(nv, cu)
+	assert.Contains(t, filepath.Base(noNVML.CachePath), "cuda12040")
+}
+
+func TestPeerCheckCacheDamaged(t *testing.T) {
+	nv, cu := pcieBox()
+	opts := Options{NVML: nv, CUDA: cu, CheckP2P: true, CacheDir: t.TempDir()}
+	topo, err := Discover(context.Background(), opts)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(topo.CachePath, []byte("{not json"), 0o644))
+
+	again, err := Discover(context.Background(), opts)
+	require.NoError(t, err)
+	assert.Equal(t, CheckRunNow, again.PeerCheck)
+	require.Len(t, again.Notes, 1)
+	assert.Contains(t, again.Notes[0], "peer-check cache ignored")
+	assert.Len(t, cu.checked, 2)
+
+	third, err := Discover(context.Background(), opts)
+	require.NoError(t, err)
+	assert.Equal(t, CheckFromCache, third.PeerCheck, "the damaged file was replaced")
+}
+
+func TestPeerCheckInconclusiveNotCached(t *testing.T) {
+	nv, cu := pcieBox()
+	cu.checkErr = map[Pair]error{{0, 1}: errors.New("cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY (2): out of memory")}
+	opts := Options{NVML: nv, CUDA: cu, CheckP2P: true, CacheDir: t.TempDir()}
+	topo, err := Discover(context.Background(), opts)
+	require.NoError(t, err)
+	assert.Contains(t, topo.Links[0][1].Check.Err, "out of memory")
+	require.Len(t, topo.Notes, 1)
+	assert.Contains(t, topo.Notes[0], "not cached")
+	assert.NoFileExists(t, topo.CachePath)
+
+	_, err = Discover(context.Background(), opts)
+	require.NoError(t, err)
+	assert.Len(t, cu.checked, 2, "an out-of-memory failure is retried, not remembered")
+}
+
+func TestPeerCheckUnwritableCacheIsNotFatal(t *testing.T) {
+	nv, cu := pcieBox()
+	file := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	topo, err := Discover(context.Background(), Options{NVML: nv, CUDA: cu, CheckP2P: true, CacheDir: filepath.Join(file, "sub")})
+	require.NoError(t, err)
+	assert.True(t, topo.Links[0][1].Check.Passed())
+	require.NotEmpty(t, topo.Notes)
+	assert.Contains(t, topo.Notes[len(topo.Notes)-1], "peer-check results not cached: mkdir")
+}
+
+func TestPeerCheckSkipsPairsWithoutPeerAccess(t *testing.T) {
+	nv, cu := pcieBox()
+	cu.noPeer = map[Pair]bool{{0, 1}: true}
+	topo, err := Discover(context.Background(), Options{NVML: nv, CUDA: cu, CheckP2P: true, CacheDir: t.TempDir()})
+	require.NoError(t, err)
+	require.Len(t, cu.checked, 1)
+	assert.ElementsMatch(t, []Pair{{0, 0}, {1, 0}, {1, 1}}, cu.checked[0])
+	assert.False(t, topo.Links[0][1].CanAccessPeer)
+	assert.False(t, topo.Links[0][1].Check.Ran)
+}
+
+func TestPeerCheckInterrupted(t *testing.T) {
+	nv, cu := pcieBox()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := Discover(ctx, Options{NVML: nv, CUDA: cu, CheckP2P: true, CacheDir: t.TempDir()})
+	require.ErrorIs(t, err, context.Canceled)
+	assert.ErrorContains(t, err, "peer check interrupted")
+}
+
+func TestPeerCheckCleanupErrorIsANote(t *testing.T) {
+	nv, cu := pcieBox()
+	cu.cleanupErr = errors.New("release GPU 1: cuDevicePrimaryCtxRelease_v2: CUDA_ERROR_UNKNOWN (999): unknown error")
+	topo, err := Discover(context.Background(), Options{NVML: nv, CUDA: cu, CheckP2P: true, CacheDir: t.TempDir()})
+	require.NoError(t, err)
+	assert.True(t, topo.Links[0][1].Check.Passed(), "the checks themselves passed")
+	assert.Equal(t, []string{"after the peer check: " + cu.cleanupErr.Error()}, topo.Notes)
+}

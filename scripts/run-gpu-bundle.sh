@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Runs the GPU test bundle that `make gpu-bundle` builds, on a GPU machine without Go.
+#
+#   ./run.sh                      every test binary, all tests
+#   ./run.sh collective -test.run 'TestWatchdog'   one binary, extra go test flags
+#
+# Logs go to $OUT (or ./out). GOCCL_REQUIRE_GPU=1 makes a GPU test that would skip fail.
+# Multi-process tests run with the MPS daemon when nvidia-cuda-mps-control exists (so that
+# the ranks' kernels run concurrently); it is started with private pipe and log folders and
+# stopped afterwards. Every binary runs under `timeout`, so a hung kernel cannot eat the call.
+set -u
+cd "$(dirname "$0")"
+out=${OUT:-./out}
+mkdir -p "$out"
+export GOCCL_REQUIRE_GPU=1
+limit=${GOCCL_BUNDLE_TIMEOUT:-540}
+
+run() { # name binary args...
+  local name=$1; shift
+  echo "=== $name: $*"
+  timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  grep -E '^(--- FAIL|--- SKIP|FAIL|ok|PASS|panic)|^\s+[a-z_]+\.go:[0-9]+:|Benchmark' "$out/$name.log" | tail -n 40
+  echo "=== $name: exit $rc"
+  return $rc
+}
+
+with_mps() { # run "$@" with an MPS daemon if one can be started
+  if command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/goccl-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/goccl-mps/log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if nvidia-cuda-mps-control -d; then
+      echo "MPS daemon started"
+      "$@"; local rc=$?
+      echo quit | nvidia-cuda-mps-control
+      unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+      return $rc
+    fi
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    echo "MPS daemon did not start: multi-process tests time-slice"
+  fi
+  "$@"
+}
+
+status=0
+if [ $# -gt 0 ]; then
+  name=$1; shift
+  run "$name" "./$name.test" -test.v "$@" || status=1
+  exit $status
+fi
+for bin in *.test; do
+  name=${bin%.test}
+  if [ "$name" = collective ]; then
+    run collective "./$bin" -test.v -test.skip '^TestMultiProcess$' || status=1
+    with_mps run collective-multiprocess "./$bin" -test.v -test.run '^TestMultiProcess$' || status=1
+  else
+    run "$name" "./$bin" -test.v || status=1
+  fi
+done
+exit $status
