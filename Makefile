@@ -6,7 +6,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 PKGS     := ./...
 BUNDLE   := gpu-bundle
 # Packages whose tests hold GPU tests; each becomes one binary in the bundle.
-GPU_PKGS := driver ptx collective internal/topology cmd/arsmoke
+GPU_PKGS := driver collective internal/topology cmd/arsmoke
 
 .PHONY: all build test tools vet smoke gpu-bundle clean
 
@@ -35,7 +35,7 @@ gpu-bundle:
 	rm -rf $(BUNDLE) && mkdir -p $(BUNDLE)
 	for p in $(GPU_PKGS); do \
 	  [ -d $$p ] || continue; \
-	  CGO_ENABLED=0 $(GO) test -c -o $(BUNDLE)/$$(echo $$p | tr / _).test ./$$p || exit 1; \
+	  CGO_ENABLED=0 $(GO) test -c -ldflags=-s -o $(BUNDLE)/$$(echo $$p | tr / _).test ./$$p || exit 1; \
 	done
 	[ ! -d cmd/arsmoke ] || CGO_ENABLED=0 $(GO) build -o $(BUNDLE)/arsmoke ./cmd/arsmoke
 	cp scripts/run-gpu-bundle.sh $(BUNDLE)/run.sh

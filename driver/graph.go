@@ -1,0 +1,145 @@
+package driver
+
+import (
+	"fmt"
+	"runtime"
+	"unsafe"
+)
+
+// CaptureMode is a CUstreamCaptureMode: which CUDA calls other threads may make while a
+// capture runs.
+type CaptureMode int
+
+// Capture modes (values of CUstreamCaptureMode).
+const (
+	// CaptureGlobal forbids unsafe calls (allocations, synchronous copies) on every thread.
+	CaptureGlobal CaptureMode = 0
+	// CaptureThreadLocal forbids them on the capturing thread only.
+	CaptureThreadLocal CaptureMode = 1
+	// CaptureRelaxed forbids nothing; the caller takes care.
+	CaptureRelaxed CaptureMode = 2
+)
+
+// cuStreamIsCapturing status CU_STREAM_CAPTURE_STATUS_NONE.
+const captureStatusNone = 0
+
+// BeginCapture starts recording the work queued on s into a graph instead of running it
+// (cuStreamBeginCapture_v2); EndCapture returns the graph.
+//
+// In CaptureGlobal and CaptureThreadLocal modes the driver requires EndCapture on the OS
+// thread that began the capture, so BeginCapture locks the calling goroutine to its thread
+// until EndCapture, which must then be called from the same goroutine. CaptureRelaxed has no
+// such rule and locks nothing. Work may be queued on s from any goroutine meanwhile.
+func (s *Stream) BeginCapture(mode CaptureMode) error {
+	if err := need(FeatureGraphs); err != nil {
+		return err
+	}
+	if err := s.live(); err != nil {
+		return err
+	}
+	lock := mode != CaptureRelaxed
+	if lock {
+		runtime.LockOSThread()
+	}
+	if err := s.ctx.call(cuStreamBeginCapture_v2, s.handle, uintptr(mode)); err != nil {
+		if lock {
+			runtime.UnlockOSThread()
+		}
+		return err
+	}
+	s.captureLocked = lock
+	return nil
+}
+
+// EndCapture ends the capture of s and returns the recorded graph (cuStreamEndCapture). A
+// capture broken by a forbidden call returns an error matching ErrStreamCapture.
+func (s *Stream) EndCapture() (*Graph, error) {
+	if err := need(FeatureGraphs); err != nil {
+		return nil, err
+	}
+	if err := s.live(); err != nil {
+		return nil, err
+	}
+	var g uintptr
+	err := s.ctx.call(cuStreamEndCapture, s.handle, uintptr(unsafe.Pointer(&g)))
+	if s.captureLocked {
+		s.captureLocked = false
+		runtime.UnlockOSThread()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("end stream capture: %w", err)
+	}
+	return &Graph{ctx: s.ctx, handle: g}, nil
+}
+
+// IsCapturing reports whether s is capturing (cuStreamIsCapturing), including a capture that
+// a forbidden call invalidated but that has not ended yet.
+func (s *Stream) IsCapturing() (bool, error) {
+	if err := need(FeatureGraphs); err != nil {
+		return false, err
+	}
+	if err := s.live(); err != nil {
+		return false, err
+	}
+	var status int32
+	if err := s.ctx.call(cuStreamIsCapturing, s.handle, uintptr(unsafe.Pointer(&status))); err != nil {
+		return false, err
+	}
+	return status != captureStatusNone, nil
+}
+
+// Graph is a captured graph (CUgraph). Instantiate it to launch it; Close destroys it (an
+// instantiated GraphExec stays valid).
+type Graph struct {
+	ctx    *Context
+	handle uintptr // 0 once closed
+}
+
+// Instantiate turns g into a launchable graph (cuGraphInstantiateWithFlags).
+func (g *Graph) Instantiate() (*GraphExec, error) {
+	if g == nil || g.handle == 0 {
+		return nil, errClosed("graph")
+	}
+	var x uintptr
+	if err := g.ctx.call(cuGraphInstantiateWithFlags, uintptr(unsafe.Pointer(&x)), g.handle, 0); err != nil {
+		return nil, fmt.Errorf("instantiate graph: %w", err)
+	}
+	return &GraphExec{ctx: g.ctx, handle: x}, nil
+}
+
+// Close destroys the graph (cuGraphDestroy). Calling it again does nothing.
+func (g *Graph) Close() error {
+	if g == nil || g.handle == 0 {
+		return nil
+	}
+	h := g.handle
+	g.handle = 0
+	return g.ctx.call(cuGraphDestroy, h)
+}
+
+// GraphExec is an instantiated graph (CUgraphExec). Close destroys it.
+type GraphExec struct {
+	ctx    *Context
+	handle uintptr // 0 once closed
+}
+
+// Launch queues the whole graph on s (cuGraphLaunch). It allocates nothing.
+func (x *GraphExec) Launch(s *Stream) error {
+	if x == nil || x.handle == 0 {
+		return errClosed("graph exec")
+	}
+	if err := s.live(); err != nil {
+		return err
+	}
+	return x.ctx.hot(cuGraphLaunch, x.handle, s.handle)
+}
+
+// Close destroys the executable graph (cuGraphExecDestroy). Calling it again does nothing.
+func (x *GraphExec) Close() error {
+	if x == nil || x.handle == 0 {
+		return nil
+	}
+	h := x.handle
+	x.handle = 0
+	return x.ctx.call(cuGraphExecDestroy, h)
+}

@@ -1,0 +1,116 @@
+package driver
+
+import (
+	"context"
+	"fmt"
+	"time"
+	"unsafe"
+)
+
+// cuStreamCreate flag: the stream does not synchronize with the legacy default stream, so
+// unrelated work of other libraries on stream 0 never serializes with ours.
+const streamNonBlocking = 0x1
+
+// Stream is a CUDA stream (non-blocking). Queuing work on it is safe from several goroutines;
+// Close must not race with other use. Close destroys it.
+type Stream struct {
+	ctx    *Context
+	handle uintptr // CUstream; 0 once closed
+
+	// captureLocked: BeginCapture locked the calling goroutine to its OS thread, for EndCapture
+	// to unlock (see BeginCapture).
+	captureLocked bool
+}
+
+// NewStream creates a non-blocking stream (CU_STREAM_NON_BLOCKING).
+func (c *Context) NewStream() (*Stream, error) {
+	var h uintptr
+	if err := c.call(cuStreamCreate, uintptr(unsafe.Pointer(&h)), streamNonBlocking); err != nil {
+		return nil, fmt.Errorf("create stream on device %d: %w", c.dev, err)
+	}
+	return &Stream{ctx: c, handle: h}, nil
+}
+
+// Context returns the context of s.
+func (s *Stream) Context() *Context { return s.ctx }
+
+// Handle returns the raw CUstream, for handing to other CUDA libraries (e.g. NCCL). It stays
+// owned by s.
+func (s *Stream) Handle() uintptr { return s.handle }
+
+// live returns nil when s can be used.
+func (s *Stream) live() error {
+	if s == nil || s.handle == 0 {
+		return errClosed("stream")
+	}
+	return nil
+}
+
+// Synchronize waits for all work queued on s (cuStreamSynchronize), with no time limit:
+// prefer Wait, which takes a deadline.
+func (s *Stream) Synchronize() error {
+	if err := s.live(); err != nil {
+		return err
+	}
+	return s.ctx.call(cuStreamSynchronize, s.handle)
+}
+
+// Query reports whether all work queued on s is done (cuStreamQuery). A kernel fault shows
+// up here as an error.
+func (s *Stream) Query() (done bool, err error) {
+	if err := s.live(); err != nil {
+		return false, err
+	}
+	return s.ctx.query(cuStreamQuery, s.handle)
+}
+
+// Wait waits until the work queued on s is done or ctx ends, by polling Query. When ctx's
+// deadline passes first, the error matches both ErrTimeout and context.DeadlineExceeded.
+func (s *Stream) Wait(ctx context.Context) error {
+	return poll(ctx, "stream", s.Query)
+}
+
+// WaitEvent makes future work on s wait for e (cuStreamWaitEvent). It allocates nothing.
+func (s *Stream) WaitEvent(e *Event) error {
+	if err := s.live(); err != nil {
+		return err
+	}
+	if e == nil || e.handle == 0 {
+		return errClosed("event")
+	}
+	return s.ctx.hot(cuStreamWaitEvent, s.handle, e.handle, 0)
+}
+
+// Close destroys the stream (cuStreamDestroy_v2); queued work still completes. Calling it
+// again does nothing.
+func (s *Stream) Close() error {
+	if s == nil || s.handle == 0 {
+		return nil
+	}
+	h := s.handle
+	s.handle = 0
+	return s.ctx.call(cuStreamDestroy_v2, h)
+}
+
+// poll calls query until it reports done, backing off from 1µs to 1ms between calls, until ctx
+// ends.
+func poll(ctx context.Context, what string, query func() (bool, error)) error {
+	delay := time.Microsecond
+	for {
+		done, err := query()
+		if err != nil || done {
+			return err
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			if err := ctx.Err(); err == context.DeadlineExceeded {
+				return fmt.Errorf("wait for %s: %w (%w)", what, ErrTimeout, err)
+			}
+			return fmt.Errorf("wait for %s: %w", what, ctx.Err())
+		case <-t.C:
+		}
+		delay = min(2*delay, time.Millisecond)
+	}
+}

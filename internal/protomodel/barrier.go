@@ -1,0 +1,220 @@
+package protomodel
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// BarrierVariant selects the barrier a model runs.
+type BarrierVariant int
+
+const (
+	// TwoPhase is the kernels' barrier: peer_counter slots alternate by the
+	// parity of the round number, and a lane spins until its slot equals it.
+	TwoPhase BarrierVariant = iota
+	// OnePhase is deliberately broken: a single peer_counter slot per edge. A
+	// rank that passes barrier k and reaches k+1 overwrites the value a slow
+	// peer has not read yet, and that peer spins forever.
+	OnePhase
+	// GreaterOrEqual is deliberately broken: two phases, but a lane spins
+	// until slot >= round. Once the u32 round number wraps, the stale value
+	// of two rounds ago is larger, so lanes pass without waiting.
+	GreaterOrEqual
+)
+
+// String names the variant.
+func (v BarrierVariant) String() string {
+	switch v {
+	case TwoPhase:
+		return "two-phase"
+	case OnePhase:
+		return "one-phase"
+	case GreaterOrEqual:
+		return "greater-or-equal"
+	}
+	return fmt.Sprintf("BarrierVariant(%d)", int(v))
+}
+
+// barrier is the per-block counter barrier over the ranks' signal regions.
+type barrier struct {
+	sig     []*signal
+	variant BarrierVariant
+	run     *run
+}
+
+// phase returns the peer_counter slot the round number val uses.
+func (m *barrier) phase(val uint32) int {
+	if m.variant == OnePhase {
+		return 0
+	}
+	return int(val & 1)
+}
+
+// reached reports whether a lane waiting for val may stop spinning: the
+// kernel spins while slot != val.
+func (m *barrier) reached(slot, val uint32) bool {
+	if m.variant == GreaterOrEqual {
+		return slot >= val
+	}
+	return slot == val
+}
+
+// lane is the state of one barrier lane (thread t < ws) of a block.
+type lane struct {
+	val    uint32 // this barrier's round number
+	stored bool   // ③ done; spinning
+}
+
+// wait runs lines ② to ⑤ of the barrier for block b of rank: every lane
+// t < ws bumps its round counter, stores it into rank t's peer_counter slot
+// for this rank, and spins until rank t's lane for this rank has stored the
+// same round into this rank's slot. The lanes' steps interleave in a random
+// order, as independently scheduled threads may. It returns when every lane
+// is through, which is what the bar.sync of ⑥ waits for, with the round
+// number; false means the run stopped.
+func (m *barrier) wait(rank, b int, j *jitter) (uint32, bool) {
+	ws := len(m.sig)
+	own := m.sig[rank]
+	lanes := make([]lane, ws)
+	pending := make([]int, ws)
+	for t := range pending {
+		pending[t] = t
+	}
+	for len(pending) > 0 {
+		if m.run.stopped() {
+			for _, t := range pending {
+				if lanes[t].stored {
+					ph := m.phase(lanes[t].val)
+					m.run.blocked(Wait{
+						Rank: rank, Block: b, Peer: t,
+						Slot: fmt.Sprintf("peer_counter[%d][%d][%d]", ph, b, t),
+						Want: lanes[t].val, Holds: own[peerCounterWord(ph, b, t)].Load(),
+					})
+				}
+			}
+			return 0, false
+		}
+		k := j.rng.IntN(len(pending))
+		t := pending[k]
+		l := &lanes[t]
+		if !l.stored {
+			// ② Only this lane touches its counter: a plain increment.
+			l.val = own[selfCounterWord(b, t)].Load() + 1
+			own[selfCounterWord(b, t)].Store(l.val)
+			// ③ Tell rank t that this rank reached round val.
+			m.sig[t][peerCounterWord(m.phase(l.val), b, rank)].Store(l.val)
+			l.stored = true
+			j.pause()
+			continue
+		}
+		// ④/⑤ One poll of the slot rank t writes for this rank.
+		if !m.reached(own[peerCounterWord(m.phase(l.val), b, t)].Load(), l.val) {
+			j.idle()
+			continue
+		}
+		pending = append(pending[:k], pending[k+1:]...)
+		j.pause()
+	}
+	return lanes[0].val, true
+}
+
+// BarrierConfig is one run of the barrier model.
+type BarrierConfig struct {
+	// Ranks (1..MaxRanks) and Blocks (1..MaxBlocks) per rank; every block is
+	// a goroutine that runs Rounds barriers back to back.
+	Ranks, Blocks, Rounds int
+	// Variant is the barrier under test.
+	Variant BarrierVariant
+	// Start is the round number every block begins from, as if Start
+	// barriers had already run; close to 2^32 it makes the counters wrap.
+	Start uint32
+	// Seed drives each block's random delays and lane order.
+	Seed uint64
+	// Stall is the progress watchdog's limit; 0 means DefaultStall.
+	Stall time.Duration
+}
+
+// Barrier runs the barrier model: Ranks x Blocks goroutines, each passing
+// Rounds barriers with random delays between and inside them. It checks at
+// every pass that every rank's same block had arrived at that barrier, and
+// that the round number is the expected one. It returns ErrEarlyPass, a
+// *DeadlockError, or the context's error, with what the run exercised.
+func Barrier(ctx context.Context, cfg BarrierConfig) (Stats, error) {
+	if err := checkShape(cfg.Ranks, cfg.Blocks, cfg.Rounds); err != nil {
+		return Stats{}, err
+	}
+	r := newRun(cfg.Stall)
+	m := &barrier{sig: newSignals(cfg.Ranks), variant: cfg.Variant, run: r}
+	startHistory(m, cfg.Blocks, cfg.Start)
+
+	// arrived[b][k]: ranks whose block b arrived at barrier k. passed[p][b]:
+	// barriers block b of rank p has passed.
+	arrived := make([][]atomic.Int32, cfg.Blocks)
+	for b := range arrived {
+		arrived[b] = make([]atomic.Int32, cfg.Rounds)
+	}
+	passed := make([][]atomic.Int64, cfg.Ranks)
+	for p := range passed {
+		passed[p] = make([]atomic.Int64, cfg.Blocks)
+	}
+
+	end := r.watch(ctx)
+	var wg sync.WaitGroup
+	for rank := range cfg.Ranks {
+		for b := range cfg.Blocks {
+			wg.Go(func() {
+				j := newJitter(cfg.Seed, rank, b)
+				for k := range cfg.Rounds {
+					j.pause() // the block's work between barriers
+					for p := range cfg.Ranks {
+						if passed[p][b].Load() < int64(k) {
+							r.ahead.Add(1)
+							break
+						}
+					}
+					// Counted before ③, so a correct pass always sees it.
+					arrived[b][k].Add(1)
+					val, ok := m.wait(rank, b, j)
+					if !ok {
+						return
+					}
+					if n := arrived[b][k].Load(); n != int32(cfg.Ranks) {
+						r.fail(fmt.Errorf("protomodel: %w: %v barrier: rank %d block %d passed barrier %d (round %#x) when %d of %d ranks had arrived",
+							ErrEarlyPass, cfg.Variant, rank, b, k, val, n, cfg.Ranks))
+						return
+					}
+					if want := cfg.Start + uint32(k) + 1; val != want {
+						r.fail(fmt.Errorf("protomodel: %v barrier: rank %d block %d used round %#x at barrier %d, want %#x", cfg.Variant, rank, b, val, k, want))
+						return
+					}
+					passed[rank][b].Add(1)
+					r.rounds.Add(1)
+					r.progress.Add(1)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	end()
+	return r.result()
+}
+
+// startHistory sets the counters to the state Start completed barriers leave:
+// every round counter at start and each phase slot holding the last round of
+// its parity. A zeroed region is this state for start 0.
+func startHistory(m *barrier, blocks int, start uint32) {
+	for _, s := range m.sig {
+		for b := range blocks {
+			for t := range m.sig {
+				s[selfCounterWord(b, t)].Store(start)
+				if start != 0 {
+					s[peerCounterWord(m.phase(start-1), b, t)].Store(start - 1)
+					s[peerCounterWord(m.phase(start), b, t)].Store(start)
+				}
+			}
+		}
+	}
+}

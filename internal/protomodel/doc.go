@@ -1,0 +1,70 @@
+// Package protomodel checks the synchronisation protocols of goccl's
+// all-reduce kernels by running them as Go goroutines over atomic memory under
+// randomised scheduling. It models the protocols of docs/kernel-abi.md, not
+// the PTX text: a change to either must be reflected in the other.
+//
+// # What is modelled
+//
+// Memory. Every rank's 16 KiB signal region is an array of u32 words at the
+// offsets of docs/kernel-abi.md (self_counter, peer_counter[2 phases],
+// push_epoch), zeroed at creation; push receive buffers and one-shot input
+// buffers are arrays of u32 elements. Every access is one sync/atomic load or
+// store, the counterpart of one ld/st in the kernel.
+//
+// Blocks and threads. Each block of each rank is a goroutine. A block's
+// threads are state machines that the goroutine steps in a random order, one
+// memory operation per step, so that they interleave as freely as
+// independently scheduled GPU threads; a block-wide bar.sync is the point
+// where the goroutine has finished every thread's steps. Calls on one rank are
+// stream-ordered: call k+1's blocks start after all of call k's have returned.
+// Random yields, short sleeps and occasional millisecond stalls after each step
+// let one rank run a whole round ahead while another stalls.
+//
+// Barrier (Barrier; lines ② to ⑥ of the seed's barrier). Lane t < ws of block
+// b increments self_counter[b][t] (②), stores it to rank t's
+// peer_counter[val&1][b][rank] (③, st.volatile or st.release.sys), and spins
+// until its own peer_counter[val&1][b][t] equals it (ld.volatile or
+// ld.acquire.sys, compared with != as a u32, so wrapping is harmless). The run
+// checks, at every pass of barrier k, that every rank's same block had arrived
+// at k, and it starts the counters just below 2^32 so that they wrap. The
+// broken variants OnePhase (one slot: a rank one barrier ahead overwrites a
+// round its peer has not read, a deadlock) and GreaterOrEqual (>= instead of
+// !=: passes early once the counter wraps) must be caught.
+//
+// Push (Push). Receive buffer of rank r: [2 halves][ws sources][n]; all-zero
+// bits mean "not arrived". Block b reads push_epoch[b] = e and uses half e&1;
+// each thread sends its grid-stride elements to slot (h, rank) of every rank
+// with +0.0 sent as -0.0 (st.volatile.global.v4.b32), then for each element
+// polls slots (h, 0..ws-1) in order until non-zero (ld.volatile.global.v4.b32),
+// adds in float32, and re-arms the slots with zeros; after the block is done,
+// push_epoch[b] = e+1. Every call uses the same block count, with fresh random
+// data, and every sum is compared bitwise to internal/ref.Push. The broken
+// variant OneHalf (no alternation) must be caught by a wrong sum or a deadlock.
+//
+// One-shot exit barrier (OneShot). Between calls a rank's input buffer is
+// overwritten by the next call's copy, which only waits for the rank's own
+// previous kernel. With the exit barrier no block ever reads another call's
+// data; without it a stale read must be caught.
+//
+// Failures are errors: ErrEarlyPass, ErrWrongSum, ErrStaleRead, and a
+// *DeadlockError (errors.Is ErrDeadlock) from a progress watchdog that stops a
+// run when nothing progressed for the stall time, listing every spin loop that
+// was waiting and the value its slot held. Stats say how often a block really
+// overtook a peer, so that tests need not trust the scheduler to have tried.
+//
+// # What is not modelled
+//
+// Go's atomics are sequentially consistent; the GPU's memory model is not.
+// The model says nothing about the ordering the PTX must establish on top of
+// the protocol: that data written before the kernel is visible to peers
+// (volatile flags suffice because a kernel boundary orders it), that data
+// written by the same kernel reaches a peer before the flag (st.release.sys /
+// ld.acquire.sys, system scope across GPUs), that bar.sync carries those
+// orders to the whole block, and that 16-byte vector stores may land in parts
+// (the push model polls per element, which covers the protocol but not the
+// hardware). Also outside the model: the watchdog timeout path and error
+// record, griddepcontrol (PDL), the two-shot middle barrier and tmp-buffer
+// reuse, a block count that changes between push calls, and forward
+// progress: the model assumes every block of every rank runs, which on a GPU
+// needs all blocks resident (blocks capped by occupancy with virtual ranks).
+package protomodel

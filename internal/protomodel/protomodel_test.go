@@ -1,0 +1,202 @@
+package protomodel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// brokenStall is the watchdog limit for runs expected to deadlock: long
+// against the model's millisecond stalls, short enough to retry a few times.
+const brokenStall = 250 * time.Millisecond
+
+// attempts bounds the retries of a broken variant. Each variant is caught in
+// its first attempt in practice; the retries only absorb unusual scheduling.
+const attempts = 10
+
+// nearWrap makes round counters and epochs wrap a few rounds into a run.
+const nearWrap = math.MaxUint32 - 5
+
+func testContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// catch runs a broken variant with seeds 1, 2, .. until it fails, and returns
+// the failure; a broken protocol that the model never catches fails the test.
+func catch(t *testing.T, try func(seed uint64) (Stats, error)) (Stats, error) {
+	t.Helper()
+	for seed := uint64(1); seed <= attempts; seed++ {
+		st, err := try(seed)
+		if err != nil {
+			t.Logf("caught in attempt %d: %v", seed, err)
+			return st, err
+		}
+	}
+	require.FailNow(t, "the model did not catch the broken protocol", "%d attempts", attempts)
+	return Stats{}, nil
+}
+
+func TestSignalLayout(t *testing.T) {
+	// The byte offsets of docs/kernel-abi.md, and no word used twice.
+	owner := map[int]string{}
+	claim := func(word, wantByte int, name string) {
+		if 4*word != wantByte || word >= signalWords || owner[word] != "" {
+			require.Failf(t, "bad signal layout", "%s: word %d (byte %d, want %d) of %d, used by %q", name, word, 4*word, wantByte, signalWords, owner[word])
+		}
+		owner[word] = name
+	}
+	for b := range MaxBlocks {
+		for t := range MaxRanks {
+			claim(selfCounterWord(b, t), 4*(16*b+t), fmt.Sprintf("self_counter[%d][%d]", b, t))
+			for ph := range 2 {
+				claim(peerCounterWord(ph, b, t), 4096+4*(1024*ph+16*b+t), fmt.Sprintf("peer_counter[%d][%d][%d]", ph, b, t))
+			}
+		}
+		claim(pushEpochWord(b), 12288+4*b, fmt.Sprintf("push_epoch[%d]", b))
+	}
+}
+
+func TestBarrier(t *testing.T) {
+	for _, c := range []BarrierConfig{
+		{Ranks: 2, Blocks: 1, Rounds: 2000, Start: nearWrap},
+		{Ranks: 3, Blocks: 2, Rounds: 500},
+		{Ranks: 4, Blocks: 3, Rounds: 300, Start: nearWrap},
+		{Ranks: 8, Blocks: 2, Rounds: 200, Start: nearWrap},
+		{Ranks: 16, Blocks: 2, Rounds: 100, Start: nearWrap},
+		{Ranks: 1, Blocks: 1, Rounds: 10},
+	} {
+		t.Run(fmt.Sprintf("ws%d_b%d_start%#x", c.Ranks, c.Blocks, c.Start), func(t *testing.T) {
+			c.Seed = uint64(c.Ranks)
+			st, err := Barrier(testContext(t), c)
+			require.NoError(t, err)
+			assert.Equal(t, c.Ranks*c.Blocks*c.Rounds, st.Rounds, "every block passed every barrier")
+			if c.Ranks > 1 {
+				assert.Positive(t, st.Ahead, "no rank ever got a barrier ahead: the schedule did not test two phases")
+			}
+		})
+	}
+}
+
+func TestBarrierOnePhaseDeadlocks(t *testing.T) {
+	for _, ranks := range []int{2, 4} {
+		t.Run(fmt.Sprint("ws", ranks), func(t *testing.T) {
+			_, err := catch(t, func(seed uint64) (Stats, error) {
+				return Barrier(testContext(t), BarrierConfig{Ranks: ranks, Blocks: 2, Rounds: 2000, Variant: OnePhase, Seed: seed, Stall: brokenStall})
+			})
+			var dl *DeadlockError
+			require.ErrorAs(t, err, &dl)
+			assert.ErrorIs(t, err, ErrDeadlock)
+			// The cause, not just a hang: a slot holding the next round, which
+			// overwrote the round its reader still waits for.
+			overwritten := false
+			for _, w := range dl.Waits {
+				overwritten = overwritten || w.Holds == w.Want+1
+			}
+			assert.True(t, overwritten, "no wait shows an overwritten round: %v", dl.Waits)
+		})
+	}
+}
+
+func TestBarrierGreaterOrEqualPassesEarly(t *testing.T) {
+	_, err := catch(t, func(seed uint64) (Stats, error) {
+		return Barrier(testContext(t), BarrierConfig{Ranks: 3, Blocks: 4, Rounds: 200, Variant: GreaterOrEqual, Start: nearWrap, Seed: seed, Stall: brokenStall})
+	})
+	require.ErrorIs(t, err, ErrEarlyPass)
+
+	// Without a wrap, >= is as good as != here: the failure is the wrap's.
+	st, err := Barrier(testContext(t), BarrierConfig{Ranks: 3, Blocks: 2, Rounds: 200, Variant: GreaterOrEqual, Seed: 1})
+	require.NoError(t, err)
+	assert.Equal(t, 3*2*200, st.Rounds)
+}
+
+func TestPush(t *testing.T) {
+	for _, c := range []PushConfig{
+		{Ranks: 2, Blocks: 2, Threads: 4, Elems: 64, Rounds: 200, Start: nearWrap},
+		{Ranks: 3, Blocks: 3, Threads: 5, Elems: 36, Rounds: 150}, // blocks*threads > elems, uneven
+		{Ranks: 8, Blocks: 2, Threads: 4, Elems: 32, Rounds: 60, Start: nearWrap},
+		{Ranks: 16, Blocks: 1, Threads: 4, Elems: 16, Rounds: 20},
+	} {
+		t.Run(fmt.Sprintf("ws%d_b%d_n%d", c.Ranks, c.Blocks, c.Elems), func(t *testing.T) {
+			c.Seed = uint64(c.Ranks)
+			st, err := Push(testContext(t), c)
+			require.NoError(t, err)
+			assert.Equal(t, c.Ranks*c.Blocks*c.Rounds, st.Rounds)
+			assert.Positive(t, st.Ahead, "no rank ever got a call ahead: the schedule did not test two halves")
+		})
+	}
+}
+
+func TestPushOneHalfCaught(t *testing.T) {
+	for _, ranks := range []int{2, 3} {
+		t.Run(fmt.Sprint("ws", ranks), func(t *testing.T) {
+			_, err := catch(t, func(seed uint64) (Stats, error) {
+				return Push(testContext(t), PushConfig{Ranks: ranks, Blocks: 2, Threads: 4, Elems: 64, Rounds: 300, Variant: OneHalf, Seed: seed, Stall: brokenStall})
+			})
+			assert.True(t, errors.Is(err, ErrWrongSum) || errors.Is(err, ErrDeadlock), "caught by something else: %v", err)
+		})
+	}
+}
+
+func TestOneShotExitBarrier(t *testing.T) {
+	st, err := OneShot(testContext(t), OneShotConfig{Ranks: 4, Blocks: 2, Threads: 4, Elems: 64, Rounds: 150, ExitBarrier: true, Seed: 1})
+	require.NoError(t, err)
+	assert.Equal(t, 4*2*150, st.Rounds)
+	assert.Zero(t, st.Ahead, "with the exit barrier no copy may start while a peer still reads")
+
+	st, err = catch(t, func(seed uint64) (Stats, error) {
+		return OneShot(testContext(t), OneShotConfig{Ranks: 4, Blocks: 2, Threads: 4, Elems: 64, Rounds: 150, Seed: seed, Stall: brokenStall})
+	})
+	require.ErrorIs(t, err, ErrStaleRead)
+	assert.Positive(t, st.Ahead)
+}
+
+// TestWatchdogReportsWaits stops a run whose peer never arrives: ws 2, but
+// only rank 0 takes part, as when a peer never launches.
+func TestWatchdogReportsWaits(t *testing.T) {
+	r := newRun(50 * time.Millisecond)
+	m := &barrier{sig: newSignals(2), variant: TwoPhase, run: r}
+	end := r.watch(context.Background())
+	start := time.Now()
+	_, ok := m.wait(0, 3, newJitter(1, 0, 3))
+	end()
+	assert.False(t, ok)
+	assert.Less(t, time.Since(start), 2*time.Second)
+	_, err := r.result()
+	var dl *DeadlockError
+	require.ErrorAs(t, err, &dl)
+	require.Equal(t, []Wait{{Rank: 0, Block: 3, Peer: 1, Slot: "peer_counter[1][3][1]", Want: 1, Holds: 0}}, dl.Waits)
+	assert.Contains(t, err.Error(), "rank 0 block 3 waits for rank 1: peer_counter[1][3][1] holds 0x0, wants 0x1")
+}
+
+func TestContextEndsRun(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	// A deadlocking variant with a watchdog too slow to notice: only the
+	// context can end it.
+	_, err := Barrier(ctx, BarrierConfig{Ranks: 2, Blocks: 1, Rounds: 1 << 20, Variant: OnePhase, Stall: time.Hour})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+func TestConfigErrors(t *testing.T) {
+	ctx := testContext(t)
+	_, err := Barrier(ctx, BarrierConfig{Ranks: 17, Blocks: 1})
+	assert.ErrorContains(t, err, "17 ranks")
+	_, err = Barrier(ctx, BarrierConfig{Ranks: 2, Blocks: 65})
+	assert.ErrorContains(t, err, "65 blocks")
+	_, err = Barrier(ctx, BarrierConfig{Ranks: 2, Blocks: 1, Rounds: -1})
+	assert.ErrorContains(t, err, "-1 rounds")
+	_, err = Push(ctx, PushConfig{Ranks: 2, Blocks: 1, Threads: 1, Elems: 6})
+	assert.ErrorContains(t, err, "multiple of 4")
+	_, err = Push(ctx, PushConfig{Ranks: 2, Blocks: 1, Elems: 4})
+	assert.ErrorContains(t, err, "0 threads")
+	_, err = OneShot(ctx, OneShotConfig{Ranks: 0, Blocks: 1, Threads: 1})
+	assert.ErrorContains(t, err, "0 ranks")
+}

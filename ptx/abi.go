@@ -1,0 +1,66 @@
+package ptx
+
+// The constants below are the host side of docs/kernel-abi.md; the templates
+// hard-code the same numbers, and the tests check that they agree.
+
+// Launch shape.
+const (
+	// ThreadsPerBlock is the block size every kernel is launched with
+	// (the PTX says .maxntid 512, 1, 1).
+	ThreadsPerBlock = 512
+	// MaxBlocks is the largest grid: the signal region has counters for 64
+	// blocks and no more.
+	MaxBlocks = 64
+	// MaxRanks is the largest world size: the signal region has 16 lanes per
+	// block.
+	MaxRanks = 16
+	// VectorBytes is the unit of work of one thread: one ld/st.global.v4.b32.
+	// Buffers handed to a kernel hold a whole number of vectors.
+	VectorBytes = 16
+)
+
+// Signal region: one per rank, SignalBytes long, zeroed once at creation and
+// then owned by the kernels.
+const (
+	// SignalBytes is the size of one rank's signal region.
+	SignalBytes = 16384
+	// SelfCounterOffset is the byte offset of self_counter[64 blocks][16 lanes]
+	// (u32): the round number of each (block, lane), private to the rank.
+	SelfCounterOffset = 0
+	// PeerCounterOffset is the byte offset of peer_counter[2 phases][64 blocks][16 ranks]
+	// (u32): the flags the peers write into this rank's region.
+	PeerCounterOffset = 4096
+	// PushEpochOffset is the byte offset of push_epoch[64 blocks] (u32): the
+	// epoch of each block of the push kernel.
+	PushEpochOffset = 12288
+)
+
+// Error record: ErrRecordBytes of u32 words {code, rank, block, peer, phase,
+// 0, 0, 0} in host-mapped memory, zeroed by the host before a launch. The first
+// thread that fails claims it (atomic compare-and-swap of the code from 0) and
+// only then writes the other words.
+const (
+	// ErrRecordBytes is the size of one error record.
+	ErrRecordBytes = 32
+	// ErrCodeTimeout: a peer did not arrive within the timeout. The record's
+	// peer is the rank waited for and phase says where.
+	ErrCodeTimeout = 1
+	// ErrCodeUnfilledSlot: a registration slot of the input table held a nil
+	// pointer (a graph whose handles were never exchanged). The record's peer
+	// is the rank whose pointer is nil; phase is PhaseNone.
+	ErrCodeUnfilledSlot = 2
+)
+
+// Phases of an error record: where the kernel was waiting.
+const (
+	// PhaseNone is the phase of an error that is not a wait (an unfilled slot).
+	PhaseNone = 0
+	// PhaseEntry is the entry barrier (one-shot and two-shot).
+	PhaseEntry = 1
+	// PhaseMiddle is the two-shot barrier between reduce-scatter and all-gather.
+	PhaseMiddle = 2
+	// PhaseExit is the one-shot exit barrier.
+	PhaseExit = 3
+	// PhasePush is the push kernel waiting for a peer's data.
+	PhasePush = 4
+)

@@ -1,0 +1,91 @@
+package ptx
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Algorithm is one of the all-reduce kernels.
+type Algorithm int
+
+const (
+	// OneShot (pull): every rank reads every rank's input and reduces it in
+	// rank order; entry and exit barriers. Best for small messages.
+	OneShot Algorithm = iota + 1
+	// TwoShot: reduce-scatter into each rank's tmp buffer, a release/acquire
+	// barrier, then all-gather from every rank's tmp buffer. Best for large
+	// messages.
+	TwoShot
+	// Push (Lamport): every rank writes its input into a slot of every rank's
+	// receive buffer and polls its own slots for the data; no barrier and no
+	// registration of the input.
+	Push
+)
+
+// Algorithms lists every algorithm, in a fixed order.
+var Algorithms = []Algorithm{OneShot, TwoShot, Push}
+
+// String returns the name used in kernel names, flags and tables: "oneshot",
+// "twoshot" or "push".
+func (a Algorithm) String() string {
+	switch a {
+	case OneShot:
+		return "oneshot"
+	case TwoShot:
+		return "twoshot"
+	case Push:
+		return "push"
+	}
+	return fmt.Sprintf("algorithm(%d)", int(a))
+}
+
+func (a Algorithm) valid() bool { return a >= OneShot && a <= Push }
+
+// ParseAlgorithm turns a name of String (any case) into an Algorithm.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	for _, a := range Algorithms {
+		if strings.EqualFold(s, a.String()) {
+			return a, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown algorithm %q: use oneshot, twoshot or push", s)
+}
+
+// ErrUnsupportedArch is returned (wrapped) for a GPU older than compute
+// capability 8.0: the kernels need cvt.rn.bf16x2.f32, which sm_80 introduced.
+var ErrUnsupportedArch = errors.New("unsupported GPU architecture")
+
+// Target is the GPU architecture a kernel is generated for.
+type Target int
+
+const (
+	// SM80 runs on compute capability 8.x (Ampere, Ada) and later.
+	SM80 Target = 80
+	// SM90 adds programmatic dependent launch (griddepcontrol), compute
+	// capability 9.0 (Hopper) and later.
+	SM90 Target = 90
+)
+
+// String returns the ptxas spelling: "sm_80" or "sm_90".
+func (t Target) String() string {
+	if t.valid() {
+		return fmt.Sprintf("sm_%d", int(t))
+	}
+	return fmt.Sprintf("target(%d)", int(t))
+}
+
+func (t Target) valid() bool { return t == SM80 || t == SM90 }
+
+// TargetFor picks the target for a device of compute capability major.minor:
+// SM90 from 9.0 on, SM80 for 8.x. Older devices get an error wrapping
+// ErrUnsupportedArch.
+func TargetFor(major, minor int) (Target, error) {
+	switch {
+	case major >= 9:
+		return SM90, nil
+	case major == 8:
+		return SM80, nil
+	}
+	return 0, fmt.Errorf("compute capability %d.%d: %w: goccl needs 8.0 (Ampere) or newer", major, minor, ErrUnsupportedArch)
+}

@@ -1,0 +1,220 @@
+package ptx
+
+import (
+	"bytes"
+	"embed"
+	"fmt"
+	"strings"
+	"sync"
+	"text/template"
+
+	"github.com/goccl/goccl/dtype"
+)
+
+// Spec names one kernel: an algorithm for one element type, world size and
+// target. It is a pure description; Generate turns it into PTX text and
+// loading that text into a context is the driver's job.
+type Spec struct {
+	Algo      Algorithm
+	DType     dtype.DType
+	WorldSize int    // ranks of the communicator, 2..MaxRanks
+	Target    Target // see TargetFor
+}
+
+// Validate reports whether the spec names a kernel that exists: a known
+// algorithm, element type and target, and a world size of 2..MaxRanks.
+func (s Spec) Validate() error {
+	if !s.Algo.valid() {
+		return fmt.Errorf("kernel spec: unknown algorithm %d: use ptx.OneShot, ptx.TwoShot or ptx.Push", int(s.Algo))
+	}
+	if !s.DType.Valid() {
+		return fmt.Errorf("kernel spec: unsupported element type %v: use dtype.Float32, dtype.Float16 or dtype.BFloat16", s.DType)
+	}
+	if s.WorldSize < 2 || s.WorldSize > MaxRanks {
+		return fmt.Errorf("kernel spec: world size %d out of range: the kernels exist for 2..%d ranks", s.WorldSize, MaxRanks)
+	}
+	if !s.Target.valid() {
+		return fmt.Errorf("kernel spec: unknown target %d: use ptx.SM80 or ptx.SM90 (see ptx.TargetFor)", int(s.Target))
+	}
+	return nil
+}
+
+// EntryName returns the kernel's .entry name, goccl_<algo>_<dtype>_w<ws>,
+// e.g. "goccl_oneshot_bf16_w8". Both targets use the same name.
+func (s Spec) EntryName() string {
+	return fmt.Sprintf("goccl_%s_%s_w%d", s.Algo, s.DType, s.WorldSize)
+}
+
+// Generate returns the PTX module of the kernel: text without NUL bytes (the
+// driver wants one appended), holding exactly one .entry named EntryName.
+// The same spec always gives the same bytes.
+func (s Spec) Generate() ([]byte, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	tmpl, err := parsedTemplates()
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	if err := tmpl.ExecuteTemplate(&buf, s.Algo.String(), newKernel(s)); err != nil {
+		return nil, fmt.Errorf("generate %s for %s: %w", s.EntryName(), s.Target, err)
+	}
+	return squeezeBlankLines(buf.Bytes()), nil
+}
+
+//go:embed templates/*.ptx.tmpl
+var templateFS embed.FS
+
+// parsedTemplates parses the embedded templates once. An error here means a
+// broken build of this package, which the tests catch; it is still returned
+// rather than panicking.
+var parsedTemplates = sync.OnceValues(func() (*template.Template, error) {
+	t, err := template.New("ptx").Funcs(template.FuncMap{
+		"add":  func(a, b int) int { return a + b },
+		"mul":  func(a, b int) int { return a * b },
+		"args": args,
+	}).ParseFS(templateFS, "templates/*.ptx.tmpl")
+	if err != nil {
+		return nil, fmt.Errorf("parse embedded PTX templates: %w", err)
+	}
+	return t, nil
+})
+
+// args builds the map a template piece receives: key, value, key, value...
+func args(kv ...any) (map[string]any, error) {
+	if len(kv)%2 != 0 {
+		return nil, fmt.Errorf("args: odd number of arguments %d", len(kv))
+	}
+	m := make(map[string]any, len(kv)/2)
+	for i := 0; i < len(kv); i += 2 {
+		k, ok := kv[i].(string)
+		if !ok {
+			return nil, fmt.Errorf("args: key %v is not a string", kv[i])
+		}
+		m[k] = kv[i+1]
+	}
+	return m, nil
+}
+
+// kernel is what the templates see: everything that varies between kernels.
+type kernel struct {
+	Entry   string
+	Algo    string
+	DType   string // "bf16", "f16" or "f32"
+	Target  string // "sm_80" or "sm_90"
+	PDL     bool   // programmatic dependent launch (griddepcontrol), sm_90 only
+	WS      int
+	Ranks   []int // 0..WS-1, the unrolled rank loops
+	Rotated bool  // inputs taken in the order rank, rank+1, ... (two-shot)
+	Elems   int   // elements per 16-byte vector
+	// LaneMask has the non-sign bits of every element of a 32-bit word set,
+	// SignMask the sign bits.
+	LaneMask, SignMask string
+	ABI                abiConsts
+}
+
+// abiConsts hands the Go constants of abi.go to the templates, so the
+// offsets, codes and phases are written down once.
+type abiConsts struct {
+	SelfCounter, PeerCounter, PushEpoch int
+	// Lanes is the u32 counters per block (16*b + lane), PhaseSlots the
+	// counters per phase of peer_counter (1024*ph + 16*b + rank).
+	Lanes, PhaseSlots                  int
+	CodeTimeout, CodeUnfilled          int
+	PhaseNone, PhaseEntry, PhaseMiddle int
+	PhaseExit, PhasePush               int
+}
+
+func newKernel(s Spec) *kernel {
+	k := &kernel{
+		Entry:   s.EntryName(),
+		Algo:    s.Algo.String(),
+		DType:   s.DType.String(),
+		Target:  s.Target.String(),
+		PDL:     s.Target == SM90,
+		WS:      s.WorldSize,
+		Rotated: s.Algo == TwoShot,
+		Elems:   VectorBytes / s.DType.Size(),
+		ABI: abiConsts{
+			SelfCounter: SelfCounterOffset, PeerCounter: PeerCounterOffset, PushEpoch: PushEpochOffset,
+			CodeTimeout: ErrCodeTimeout, CodeUnfilled: ErrCodeUnfilledSlot,
+			PhaseNone: PhaseNone, PhaseEntry: PhaseEntry, PhaseMiddle: PhaseMiddle,
+			PhaseExit: PhaseExit, PhasePush: PhasePush,
+			Lanes: MaxRanks, PhaseSlots: MaxBlocks * MaxRanks,
+		},
+	}
+	for r := range s.WorldSize {
+		k.Ranks = append(k.Ranks, r)
+	}
+	if s.DType.Size() == 4 {
+		k.LaneMask, k.SignMask = "0x7FFFFFFF", "0x80000000"
+	} else {
+		k.LaneMask, k.SignMask = "0x7FFF7FFF", "0x80008000"
+	}
+	return k
+}
+
+// Words lists the four 32-bit words of a vector.
+func (k *kernel) Words() []int { return []int{0, 1, 2, 3} }
+
+// Vec is the register list of the r-th loaded vector, "{%v8, %v9, %v10, %v11}".
+func (k *kernel) Vec(r int) string {
+	return fmt.Sprintf("{%%v%d, %%v%d, %%v%d, %%v%d}", 4*r, 4*r+1, 4*r+2, 4*r+3)
+}
+
+// VecRef names the r-th loaded vector for the accumulate piece.
+func (k *kernel) VecRef(r int) vecRef { return vecRef{k, r} }
+
+// vecRef is the r-th of the ws vectors a thread loads per index.
+type vecRef struct {
+	*kernel
+	R int
+}
+
+// Word is the register of word w of the vector.
+func (v vecRef) Word(w int) string { return fmt.Sprintf("%%v%d", 4*v.R+w) }
+
+// First reports whether the vector is the first term of the sum.
+func (v vecRef) First() bool { return v.R == 0 }
+
+// barrier is one of the three barriers of docs/kernel-abi.md.
+type barrier struct {
+	*kernel
+	Name  string
+	Phase int
+	// Pre: bar.sync before the handshake (①); Post: bar.red.or after it (⑥);
+	// Acquire: release/acquire flags instead of volatile ones.
+	Pre, Post, Acquire bool
+}
+
+// Barrier returns the entry, middle or exit barrier.
+func (k *kernel) Barrier(name string) (barrier, error) {
+	switch name {
+	case "entry":
+		return barrier{kernel: k, Name: name, Phase: PhaseEntry, Post: true}, nil
+	case "middle":
+		return barrier{kernel: k, Name: name, Phase: PhaseMiddle, Pre: true, Post: true, Acquire: true}, nil
+	case "exit":
+		return barrier{kernel: k, Name: name, Phase: PhaseExit, Pre: true}, nil
+	}
+	return barrier{}, fmt.Errorf("unknown barrier %q", name)
+}
+
+// squeezeBlankLines drops the blank lines the template actions leave behind
+// where two or more follow each other, so the output reads like hand-written
+// PTX.
+func squeezeBlankLines(src []byte) []byte {
+	lines := strings.Split(string(src), "\n")
+	out := lines[:0]
+	blank := false
+	for _, l := range lines {
+		l = strings.TrimRight(l, " \t")
+		if l == "" && blank {
+			continue
+		}
+		blank = l == ""
+		out = append(out, l)
+	}
+	return []byte(strings.Join(out, "\n"))
+}

@@ -1,0 +1,321 @@
+package ptx
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/dtype"
+)
+
+// allSpecs lists every kernel goccl ships: 3 x 3 x 15 x 2 = 270.
+func allSpecs() []Spec {
+	var specs []Spec
+	for _, target := range []Target{SM80, SM90} {
+		for _, algo := range Algorithms {
+			for _, dt := range dtype.All {
+				for ws := 2; ws <= MaxRanks; ws++ {
+					specs = append(specs, Spec{Algo: algo, DType: dt, WorldSize: ws, Target: target})
+				}
+			}
+		}
+	}
+	return specs
+}
+
+// code returns the instructions of a PTX text: comments removed, so that
+// counting an instruction does not count the prose about it.
+func code(src []byte) string { return lineCommentRE.ReplaceAllString(string(src), "") }
+
+// has reports whether text contains sub, without printing a whole kernel
+// when an assertion on it fails.
+func has(text, sub string) bool { return strings.Contains(text, sub) }
+
+func variantName(s Spec) string { return s.EntryName() + "_" + s.Target.String() }
+
+func generate(t *testing.T, s Spec) []byte {
+	t.Helper()
+	src, err := s.Generate()
+	require.NoError(t, err, variantName(s))
+	return src
+}
+
+func TestAllSpecsCount(t *testing.T) {
+	specs := allSpecs()
+	require.Len(t, specs, 270)
+	names := map[string]bool{}
+	for _, s := range specs {
+		require.NoError(t, s.Validate())
+		names[variantName(s)] = true
+	}
+	assert.Len(t, names, 270, "every variant has its own name and target")
+}
+
+// TestEntrySignature checks the catalog against the PTX: the .entry of every
+// generated kernel has the name EntryName and exactly the parameters of
+// Params, so the launcher packs what the kernel reads.
+func TestEntrySignature(t *testing.T) {
+	for _, s := range allSpecs() {
+		entry, params, err := ParseEntryParams(generate(t, s))
+		require.NoError(t, err, variantName(s))
+		assert.Equal(t, s.EntryName(), entry, variantName(s))
+		assert.Equal(t, Params(s.WorldSize), params, variantName(s))
+	}
+}
+
+func TestParams(t *testing.T) {
+	p := Params(8)
+	require.Len(t, p, 9)
+	var names []string
+	for _, q := range p {
+		names = append(names, q.Name)
+		assert.Zero(t, q.Size%q.Align, "%s: size is a multiple of its alignment", q.Name)
+	}
+	assert.Equal(t, []string{"p_inputs", "p_out", "p_nvec", "p_rank", "p_err", "p_timeout", "p_sig", "p_buf", "p_slot"}, names)
+	assert.Equal(t, Param{"p_sig", 64, 8}, p[6])
+	assert.Equal(t, Param{"p_buf", 24, 8}, Params(3)[7])
+	assert.Equal(t, Param{"p_nvec", 4, 4}, p[2])
+}
+
+func TestParseEntryParams(t *testing.T) {
+	src := []byte(`.version 7.8
+.visible .entry k( // a comment with ( and )
+	.param .u64 a,
+	.param .align 16 .b8 arr[48],
+	.param .f32 x, .param .u16 h
+)
+{ ret; }`)
+	entry, params, err := ParseEntryParams(src)
+	require.NoError(t, err)
+	assert.Equal(t, "k", entry)
+	assert.Equal(t, []Param{{"a", 8, 8}, {"arr", 48, 16}, {"x", 4, 4}, {"h", 2, 2}}, params)
+
+	entry, params, err = ParseEntryParams([]byte(".entry empty()\n{ ret; }"))
+	require.NoError(t, err)
+	assert.Equal(t, "empty", entry)
+	assert.Empty(t, params)
+
+	for name, bad := range map[string]string{
+		"no entry":    ".version 7.8\n.func f() { ret; }",
+		"two entries": ".entry a(.param .u32 x) {ret;}\n.entry b(.param .u32 y) {ret;}",
+		"bad type":    ".entry a(.param .pred p) {ret;}",
+		"no name":     ".entry a(.param .u32) {ret;}",
+	} {
+		_, _, err := ParseEntryParams([]byte(bad))
+		assert.Error(t, err, name)
+	}
+}
+
+func TestGenerate(t *testing.T) {
+	for _, s := range allSpecs() {
+		src := generate(t, s)
+		name := variantName(s)
+		again, err := s.Generate()
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(src, again), "%s: Generate is deterministic", name)
+		text := string(src)
+		instr := code(src)
+
+		assert.False(t, has(text, "\x00"), name)
+		assert.False(t, has(text, "<no value>"), name)
+		assert.True(t, has(text, "\n.version 7.8\n"), name)
+		assert.True(t, has(text, "\n.target "+s.Target.String()+"\n"), name)
+		assert.True(t, has(text, "\n.address_size 64\n"), name)
+		assert.True(t, has(text, "\n.maxntid 512, 1, 1\n"), name)
+		assert.Equal(t, 1, strings.Count(instr, ".entry "), name)
+		// PDL only where the ISA has it.
+		pdl := s.Target == SM90
+		assert.Equal(t, pdl, has(instr, "griddepcontrol.wait;"), name)
+		assert.Equal(t, pdl, has(instr, "griddepcontrol.launch_dependents;"), name)
+	}
+}
+
+// TestArithmetic checks the rules of the element path in the text: no FMA,
+// exactly ws-1 round-to-nearest f32 adds per element, one conversion to the
+// element type per pair of sums.
+func TestArithmetic(t *testing.T) {
+	for _, s := range allSpecs() {
+		text := code(generate(t, s))
+		name := variantName(s)
+		elems := VectorBytes / s.DType.Size()
+		assert.False(t, has(text, "fma"), name)
+		assert.False(t, has(text, "mad.rn"), name)
+		assert.Equal(t, (s.WorldSize-1)*elems, strings.Count(text, "add.rn.f32"), name)
+		assert.False(t, has(text, "add.f32"), name)
+		switch s.DType {
+		case dtype.BFloat16:
+			assert.Equal(t, 4, strings.Count(text, "cvt.rn.bf16x2.f32 "), name)
+			// the high element (odd sum) goes first: it lands in the upper half
+			assert.True(t, has(text, "cvt.rn.bf16x2.f32 %o0, %acc1, %acc0;"), name)
+		case dtype.Float16:
+			assert.Equal(t, 4, strings.Count(text, "cvt.rn.f16x2.f32 "), name)
+			assert.True(t, has(text, "cvt.rn.f16x2.f32 %o3, %acc7, %acc6;"), name)
+		case dtype.Float32:
+			assert.False(t, has(text, "cvt.rn."), name)
+		}
+	}
+}
+
+// TestMemoryOrder checks the flag rule of docs/kernel-abi.md in the text:
+// release/acquire only in the two-shot middle barrier, volatile flags
+// elsewhere, volatile data only in push.
+func TestMemoryOrder(t *testing.T) {
+	for _, s := range allSpecs() {
+		text := code(generate(t, s))
+		name := variantName(s)
+		release := strings.Count(text, "st.release.sys.global.u32")
+		acquire := strings.Count(text, "ld.acquire.sys.global.u32")
+		volatileFlags := strings.Count(text, "st.volatile.global.u32")
+		barSync := strings.Count(text, "bar.sync 0;")
+		barRed := strings.Count(text, "bar.red.or.pred %timedout, 0, %timedout;")
+		switch s.Algo {
+		case OneShot: // entry (no ①) and exit (no ⑥) barriers
+			assert.Equal(t, [5]int{0, 0, 2, 1, 1}, [5]int{release, acquire, volatileFlags, barSync, barRed}, name)
+			assert.False(t, has(text, "ld.volatile.global.v4"), name)
+		case TwoShot: // entry and middle barriers
+			assert.Equal(t, [5]int{1, 1, 1, 1, 2}, [5]int{release, acquire, volatileFlags, barSync, barRed}, name)
+			assert.False(t, has(text, "ld.volatile.global.v4"), name)
+		case Push: // no barrier; data polled with volatile loads
+			assert.Equal(t, [5]int{0, 0, 0, 0, 1}, [5]int{release, acquire, volatileFlags, barSync, barRed}, name)
+			assert.Equal(t, 2*s.WorldSize, strings.Count(text, "ld.volatile.global.v4.b32"), name)
+			assert.Equal(t, s.WorldSize, strings.Count(text, "st.volatile.global.v4.b32"), name)
+		}
+		// every spin loop has a watchdog, and every watchdog can claim the record
+		spins := strings.Count(text, "mov.u64 %wd_start, %globaltimer;")
+		assert.Equal(t, spins, strings.Count(text, "setp.le.u64 %p1, %wd_now, %timeout;"), name)
+		assert.GreaterOrEqual(t, strings.Count(text, "atom.global.cas.b32 %old, [%err], 0,"), spins, name)
+	}
+}
+
+// TestTwoShotRotation checks that two-shot takes its inputs in the order
+// rank, rank+1, ... and one-shot in rank order 0, 1, ...
+func TestTwoShotRotation(t *testing.T) {
+	for ws := 2; ws <= MaxRanks; ws++ {
+		two := string(generate(t, Spec{TwoShot, dtype.BFloat16, ws, SM90}))
+		one := string(generate(t, Spec{OneShot, dtype.BFloat16, ws, SM90}))
+		for i := range ws {
+			assert.True(t, has(two, fmt.Sprintf("\tadd.u32 %%src, %%rank, %d;\n\tsetp.ge.u32 %%p0, %%src, %d;\n\t@%%p0 sub.u32 %%src, %%src, %d;\n\tmad.wide.u32 %%a, %%src, 8, %%tab;\n\tld.global.u64 %%in%d, [%%a];", i, ws, ws, i)), "ws %d: %%in%d is rank rank+%d", ws, i, i)
+			assert.True(t, has(one, fmt.Sprintf("\tmov.u32 %%src, %d;\n\tmad.wide.u32 %%a, %%src, 8, %%tab;\n\tld.global.u64 %%in%d, [%%a];", i, i)), "ws %d: %%in%d is rank %d", ws, i, i)
+		}
+	}
+}
+
+// TestZeroLanes checks the bit trick of the zerolanes piece with the masks
+// the kernels use: the result has the sign bit of exactly the all-zero
+// elements of a word.
+func TestZeroLanes(t *testing.T) {
+	masks := func(k *kernel) (lane, sign uint32) {
+		_, err := fmt.Sscanf(k.LaneMask+" "+k.SignMask, "0x%x 0x%x", &lane, &sign)
+		require.NoError(t, err)
+		return lane, sign
+	}
+	zerolanes := func(w, lane, sign uint32) uint32 { return ^(((w & lane) + lane) | w) & sign }
+
+	lane, sign := masks(newKernel(Spec{Push, dtype.BFloat16, 2, SM80}))
+	for lo := range uint32(1 << 16) {
+		for _, hi := range []uint32{0, 1, 0x7fff, 0x8000, 0x8001, 0xffff, lo} {
+			w := hi<<16 | lo
+			var want uint32
+			if lo == 0 {
+				want |= 0x8000
+			}
+			if hi == 0 {
+				want |= 0x80000000
+			}
+			if got := zerolanes(w, lane, sign); got != want {
+				t.Fatalf("word %#08x: zerolanes gives %#08x, want %#08x", w, got, want)
+			}
+		}
+	}
+	lane, sign = masks(newKernel(Spec{Push, dtype.Float32, 2, SM80}))
+	for _, w := range []uint32{0, 1, 0x80000000, 0x7fffffff, 0xffffffff, 0x00010000, 0x3f800000} {
+		want := uint32(0)
+		if w == 0 {
+			want = 0x80000000
+		}
+		assert.Equal(t, want, zerolanes(w, lane, sign), "word %#08x", w)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	good := Spec{OneShot, dtype.BFloat16, 8, SM90}
+	require.NoError(t, good.Validate())
+	cases := []struct {
+		spec Spec
+		want string
+	}{
+		{Spec{0, dtype.BFloat16, 8, SM90}, "unknown algorithm 0"},
+		{Spec{Push + 1, dtype.BFloat16, 8, SM90}, "unknown algorithm 4"},
+		{Spec{OneShot, dtype.Invalid, 8, SM90}, "unsupported element type"},
+		{Spec{OneShot, dtype.BFloat16, 1, SM90}, "world size 1 out of range"},
+		{Spec{OneShot, dtype.BFloat16, 17, SM90}, "world size 17 out of range"},
+		{Spec{OneShot, dtype.BFloat16, 8, 75}, "unknown target 75"},
+	}
+	for _, c := range cases {
+		err := c.spec.Validate()
+		require.Error(t, err, "%+v", c.spec)
+		assert.Contains(t, err.Error(), c.want)
+		src, err := c.spec.Generate()
+		assert.Error(t, err, "Generate validates too")
+		assert.Nil(t, src)
+	}
+}
+
+func TestEntryName(t *testing.T) {
+	assert.Equal(t, "goccl_oneshot_bf16_w8", Spec{OneShot, dtype.BFloat16, 8, SM90}.EntryName())
+	assert.Equal(t, "goccl_twoshot_f32_w3", Spec{TwoShot, dtype.Float32, 3, SM80}.EntryName())
+	assert.Equal(t, "goccl_push_f16_w16", Spec{Push, dtype.Float16, 16, SM90}.EntryName())
+}
+
+func TestAlgorithm(t *testing.T) {
+	for _, a := range Algorithms {
+		got, err := ParseAlgorithm(strings.ToUpper(a.String()))
+		require.NoError(t, err)
+		assert.Equal(t, a, got)
+	}
+	assert.Equal(t, []string{"oneshot", "twoshot", "push"}, []string{OneShot.String(), TwoShot.String(), Push.String()})
+	_, err := ParseAlgorithm("ring")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `"ring"`)
+	assert.Contains(t, err.Error(), "oneshot, twoshot or push")
+	assert.Equal(t, "algorithm(9)", Algorithm(9).String())
+}
+
+func TestTargetFor(t *testing.T) {
+	for _, c := range []struct {
+		major, minor int
+		want         Target
+	}{{8, 0, SM80}, {8, 6, SM80}, {8, 9, SM80}, {9, 0, SM90}, {10, 0, SM90}, {12, 0, SM90}} {
+		got, err := TargetFor(c.major, c.minor)
+		require.NoError(t, err)
+		assert.Equal(t, c.want, got, "%d.%d", c.major, c.minor)
+	}
+	_, err := TargetFor(7, 5)
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, ErrUnsupportedArch))
+	assert.Contains(t, err.Error(), "7.5")
+	assert.Equal(t, "sm_80", SM80.String())
+	assert.Equal(t, "sm_90", SM90.String())
+	assert.Equal(t, "target(75)", Target(75).String())
+}
+
+// TestABILayout checks that the regions of the signal layout fit and do not
+// overlap, and that the generated kernels use the offsets of abi.go.
+func TestABILayout(t *testing.T) {
+	assert.LessOrEqual(t, SelfCounterOffset+4*MaxBlocks*MaxRanks, PeerCounterOffset)
+	assert.LessOrEqual(t, PeerCounterOffset+4*2*MaxBlocks*MaxRanks, PushEpochOffset)
+	assert.LessOrEqual(t, PushEpochOffset+4*MaxBlocks, SignalBytes)
+	assert.Equal(t, 8*4, ErrRecordBytes)
+
+	two := generate(t, Spec{TwoShot, dtype.Float32, 4, SM80})
+	assert.True(t, bytes.Contains(two, []byte(fmt.Sprintf("[%%flag+%d]", PeerCounterOffset))))
+	assert.True(t, bytes.Contains(two, []byte(fmt.Sprintf("mul.lo.u32 %%k, %%k, %d;", MaxBlocks*MaxRanks))))
+	push := generate(t, Spec{Push, dtype.Float32, 4, SM80})
+	assert.True(t, bytes.Contains(push, []byte(fmt.Sprintf("[%%ep+%d]", PushEpochOffset))))
+	assert.True(t, bytes.Contains(push, []byte(fmt.Sprintf("[%%err+12], 3;\n\tst.global.u32 [%%err+16], %d;", PhasePush))))
+}
