@@ -228,7 +228,7 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	if err := checkParams(c.size); err != nil {
 		return err
 	}
-	if c.kernels, err = acquireKernels(c.ctx, kernelKey{dev: c.dev, worldSize: c.size, target: target}); err != nil {
+	if c.kernels, err = acquireKernels(kernelKey{dev: c.dev, worldSize: c.size, target: target}); err != nil {
 		return err
 	}
 

@@ -1,6 +1,7 @@
 package collective
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 
@@ -15,6 +16,10 @@ import (
 type kernelSet struct {
 	key     kernelKey
 	refs    int // guarded by kernelCache.mu
+	// ctx is the set's own reference to the device's primary context: the modules must be
+	// unloaded through a context that is still open when the rank that loaded them has
+	// closed its own.
+	ctx     *driver.Context
 	modules []*driver.Module
 	fn      [ptx.Push + 1][dtype.BFloat16 + 1]*driver.Function
 	// maxBlocksPerSM is the smallest occupancy of any kernel in the set at ThreadsPerBlock.
@@ -35,14 +40,18 @@ var kernelCache = struct {
 }{sets: map[kernelKey]*kernelSet{}}
 
 // acquireKernels returns the kernels for key, loading them on first use.
-func acquireKernels(ctx *driver.Context, key kernelKey) (*kernelSet, error) {
+func acquireKernels(key kernelKey) (*kernelSet, error) {
 	kernelCache.mu.Lock()
 	defer kernelCache.mu.Unlock()
 	if ks := kernelCache.sets[key]; ks != nil {
 		ks.refs++
 		return ks, nil
 	}
-	ks := &kernelSet{key: key, refs: 1, maxBlocksPerSM: 1 << 30}
+	own, err := driver.PrimaryContext(key.dev)
+	if err != nil {
+		return nil, fmt.Errorf("collective: context for the kernels of device %d: %w", key.dev, err)
+	}
+	ks := &kernelSet{key: key, refs: 1, ctx: own, maxBlocksPerSM: 1 << 30}
 	for _, algo := range ptx.Algorithms {
 		for _, dt := range dtype.All {
 			spec := ptx.Spec{Algo: algo, DType: dt, WorldSize: key.worldSize, Target: key.target}
@@ -51,7 +60,7 @@ func acquireKernels(ctx *driver.Context, key kernelKey) (*kernelSet, error) {
 				ks.unload()
 				return nil, fmt.Errorf("collective: generate %s: %w", spec.EntryName(), err)
 			}
-			mod, err := ctx.LoadModule(spec.EntryName(), src)
+			mod, err := own.LoadModule(spec.EntryName(), src)
 			if err != nil {
 				ks.unload()
 				return nil, fmt.Errorf("collective: load kernel %s for %s: %w", spec.EntryName(), key.target, err)
@@ -92,12 +101,11 @@ func (ks *kernelSet) release() error {
 }
 
 func (ks *kernelSet) unload() error {
-	var first error
+	var errs []error
 	for _, m := range ks.modules {
-		if err := m.Close(); err != nil && first == nil {
-			first = err
-		}
+		errs = append(errs, m.Close())
 	}
 	ks.modules = nil
-	return first
+	errs = append(errs, ks.ctx.Close())
+	return errors.Join(errs...)
 }

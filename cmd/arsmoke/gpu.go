@@ -72,7 +72,9 @@ type engineRank struct {
 }
 
 func newGPUEngine(ctx context.Context, cfg engineConfig) (_ *gpuEngine, err error) {
-	opts := collective.Options{MaxBytes: max(cfg.MaxBytes, 16), Timeout: cfg.Timeout, PushMaxBytes: min(max(cfg.MaxBytes, 16), collective.DefaultPushMaxBytes)}
+	// Push takes every size of the sweep, so that -a push and -a all can measure it anywhere.
+	maxBytes := max(cfg.MaxBytes, 16)
+	opts := collective.Options{MaxBytes: maxBytes, PushMaxBytes: maxBytes, Timeout: cfg.Timeout}
 	e := &gpuEngine{cfg: cfg, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))}
 	defer func() {
 		if err != nil {
