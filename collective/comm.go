@@ -37,10 +37,10 @@ type Comm struct {
 
 	layout  arenaLayout
 	arena   *memory.Buffer
-	peers   []*memory.Mapping    // every rank's arena in this process (own: local)
-	peerCtx []*driver.Context    // primary contexts retained for peer access (other devices)
-	errRec  *driver.HostBuffer   // the kernels' error record, readable without a sync
-	table   *slotTable           // registration table
+	peers   []*memory.Mapping          // every rank's arena in this process (own: local)
+	peerCtx []*driver.Context          // primary contexts retained for peer access (other devices)
+	errRec  *driver.HostBuffer         // the kernels' error record, readable without a sync
+	table   *slotTable                 // registration table
 	opened  map[ipcKey]*memory.Mapping // peers' user buffers opened through IPC
 
 	// Kernel arguments that never change, packed once: p_sig and p_buf arrays.
@@ -320,7 +320,9 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 // make the kernels wait for blocks that never come, or read past buffers.
 func (c *Comm) agree(infos []rankInfo) error {
 	type agreed struct{ Blocks, PushBlocks, MaxBytes, PushMaxBytes, Algorithm int64 }
-	pick := func(f rankFacts) agreed { return agreed{f.Blocks, f.PushBlocks, f.MaxBytes, f.PushMaxBytes, f.Algorithm} }
+	pick := func(f rankFacts) agreed {
+		return agreed{f.Blocks, f.PushBlocks, f.MaxBytes, f.PushMaxBytes, f.Algorithm}
+	}
 	me := pick(infos[c.rank].rankFacts)
 	for r, ri := range infos {
 		if pick(ri.rankFacts) != me {

@@ -14,8 +14,8 @@ import (
 // (algorithm, dtype). Ranks of one process on one device share it; it is unloaded when the
 // last of them closes.
 type kernelSet struct {
-	key     kernelKey
-	refs    int // guarded by kernelCache.mu
+	key  kernelKey
+	refs int // guarded by kernelCache.mu
 	// ctx is the set's own reference to the device's primary context: the modules must be
 	// unloaded through a context that is still open when the rank that loaded them has
 	// closed its own.

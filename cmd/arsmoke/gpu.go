@@ -541,4 +541,3 @@ func (e *gpuEngine) streams() []*driver.Stream {
 	}
 	return s
 }
-
