@@ -2,7 +2,9 @@ package collective
 
 import (
 	"fmt"
+	"runtime"
 	"sync/atomic"
+	"time"
 
 	"github.com/goccl/goccl/driver"
 	"github.com/goccl/goccl/ptx"
@@ -171,12 +173,16 @@ func (c *Comm) Err() error {
 }
 
 // kernelError reads the error record that the kernels write on failure (host-mapped memory:
-// no synchronisation needed). The winning thread writes the code first and the other fields
-// right after; a record whose code is set is read again once its done word is set.
+// no synchronisation needed). The winning thread sets the code, then the other words, then
+// the done word; a record seen between the two is read again once done is set.
 func (c *Comm) kernelError() error {
 	code := c.errWord(0)
 	if code == 0 {
 		return nil
+	}
+	// The winner writes five words right after its compare-and-swap: a millisecond is ample.
+	for deadline := time.Now().Add(time.Millisecond); c.errWord(5) == 0 && time.Now().Before(deadline); {
+		runtime.Gosched()
 	}
 	return &KernelError{Code: code, Rank: int(c.errWord(1)), Block: int(c.errWord(2)),
 		Peer: int(c.errWord(3)), Phase: c.errWord(4)}
