@@ -12,6 +12,7 @@ import (
 
 	"github.com/goccl/goccl/collective/bootstrap"
 	"github.com/goccl/goccl/driver"
+	"github.com/goccl/goccl/internal/topology"
 	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/ptx"
 	"golang.org/x/sys/unix"
@@ -175,7 +176,15 @@ func New(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Options
 // of devices (CUDA ordinals). A device may repeat: its ranks are virtual ranks that share the
 // GPU, each with its own stream, which is how goccl is tested on one GPU. The comms are
 // returned in rank order; close each of them.
+//
+// Over several distinct GPUs, NewGroup first checks that they can all reach each other (a real
+// peer write through every pair, cached per driver and device set; see internal/topology) and,
+// for more than two, that NVLink links them all; otherwise it fails with an error that names
+// the pair and wraps ErrNotEligible, the cue to hand the work to NCCL.
 func NewGroup(ctx context.Context, devices []int, opts Options) ([]*Comm, error) {
+	if err := checkTopology(ctx, devices, opts); err != nil {
+		return nil, err
+	}
 	boots, err := bootstrap.NewInProcess(len(devices))
 	if err != nil {
 		return nil, fmt.Errorf("collective: %w", err)
@@ -204,6 +213,26 @@ func NewGroup(ctx context.Context, devices []int, opts Options) ([]*Comm, error)
 		return nil, err
 	}
 	return comms, nil
+}
+
+// checkTopology applies the custom all-reduce policy to the distinct GPUs of devices. Virtual
+// ranks on one GPU need no check.
+func checkTopology(ctx context.Context, devices []int, opts Options) error {
+	distinct := map[int]bool{}
+	for _, d := range devices {
+		distinct[d] = true
+	}
+	if len(distinct) < 2 {
+		return nil
+	}
+	t, err := topology.Discover(ctx, topology.Options{CheckP2P: true})
+	if err != nil {
+		return fmt.Errorf("collective: discover the GPUs' links: %w", err)
+	}
+	if err := t.CheckCustomAllReduce(devices, topology.PolicyOptions{AllowNonNVLink: opts.AllowNonNVLink}); err != nil {
+		return fmt.Errorf("collective: %w", err)
+	}
+	return nil
 }
 
 // init allocates, exchanges and maps everything the kernels need.

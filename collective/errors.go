@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/goccl/goccl/internal/topology"
 	"github.com/goccl/goccl/ptx"
 )
 
@@ -21,6 +22,10 @@ var (
 	ErrUnfilledSlot = errors.New("collective: graph replayed before its buffers were exchanged")
 	// ErrUnusable is returned by every call after an earlier asynchronous error.
 	ErrUnusable = errors.New("collective: communicator is unusable after an earlier error")
+	// ErrNotEligible means the GPUs cannot run goccl's all-reduce well or safely (no working
+	// peer access between a pair, or more than two GPUs without a full NVLink mesh): hand the
+	// work to NCCL. The error names the pair and the reason.
+	ErrNotEligible = topology.ErrNotEligible
 )
 
 // KernelError is an error a kernel recorded in its error record, read back by the host.

@@ -72,6 +72,9 @@ type Options struct {
 	MaxSlots int
 	// DisablePDL turns off programmatic dependent launch on sm_90 and later.
 	DisablePDL bool
+	// AllowNonNVLink lets NewGroup build a communicator over more than two GPUs that are not
+	// all linked by NVLink (correct, but usually slower than NCCL there).
+	AllowNonNVLink bool
 }
 
 // withDefaults fills zero fields and validates the rest.
