@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goccl/goccl/collective"
+	"github.com/goccl/goccl/collective/bootstrap"
 	"github.com/goccl/goccl/driver"
 	"github.com/goccl/goccl/dtype"
 	"github.com/goccl/goccl/internal/ref"
@@ -440,4 +441,20 @@ func BenchmarkAllReduceHost(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(2*b.N), "ns/call")
 		})
 	}
+}
+
+// TestNewPeerNeverJoins: a rank whose peer never calls New must fail when its context ends,
+// not hang.
+func TestNewPeerNeverJoins(t *testing.T) {
+	requireGPU(t)
+	boots, err := bootstrap.NewInProcess(2)
+	require.NoError(t, err)
+	defer boots[1].Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = collective.New(ctx, 0, boots[0], collective.Options{})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Less(t, time.Since(start), 10*time.Second)
+	t.Logf("New without its peer: %v after %v", err, time.Since(start))
 }

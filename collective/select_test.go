@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goccl/goccl/driver"
 	"github.com/goccl/goccl/ptx"
 )
 
@@ -148,3 +149,46 @@ func TestCheckParams(t *testing.T) {
 		require.NoError(t, checkParams(ws), "ws %d", ws)
 	}
 }
+
+func TestValidate(t *testing.T) {
+	o, err := Options{MaxBytes: 1 << 20}.withDefaults()
+	require.NoError(t, err)
+	c := &Comm{opts: o}
+	const p = 0x7f0000000000
+	cases := []struct {
+		name     string
+		dst, src uintptr
+		count    int
+		dt       DType
+		want     string
+	}{
+		{"dtype", p, p, 8, 0, "unsupported element type"},
+		{"count", p, p, 0, BFloat16, "count 0"},
+		{"negative", p, p, -8, BFloat16, "count -8"},
+		{"not 16 bytes", p, p, 7, BFloat16, "multiple of 16 bytes"},
+		{"too big", p, p, 1<<19 + 8, BFloat16, "more than MaxBytes"},
+		{"nil src", p, 0, 8, BFloat16, "nil buffer"},
+		{"nil dst", 0, p, 8, Float32, "nil buffer"},
+		{"misaligned", p + 8, p, 8, BFloat16, "16-byte aligned"},
+		{"nil stream", p, p, 8, Float16, "nil stream"},
+	}
+	for _, tc := range cases {
+		_, err := c.validate(nil, driverPtr(tc.dst), driverPtr(tc.src), tc.count, tc.dt)
+		assert.ErrorIs(t, err, ErrInvalidArgument, tc.name)
+		assert.ErrorContains(t, err, tc.want, tc.name)
+	}
+}
+
+func TestClosedAndFailedCommRefuseWork(t *testing.T) {
+	c := &Comm{closed: true}
+	assert.ErrorIs(t, c.AllReduce(nil, 16, 16, 8, BFloat16), ErrClosed)
+	assert.ErrorIs(t, c.Err(), ErrClosed)
+	assert.NoError(t, c.Close(), "Close is idempotent")
+
+	failed := &Comm{failed: &KernelError{Code: ptx.ErrCodeTimeout, Rank: 1, Peer: 2}}
+	err := failed.AllReduce(nil, 16, 16, 8, BFloat16)
+	assert.ErrorIs(t, err, ErrTimeout, "a failed communicator refuses work before looking at the arguments")
+	assert.ErrorIs(t, err, ErrUnusable)
+}
+
+func driverPtr(p uintptr) driver.DevicePtr { return driver.DevicePtr(p) }
