@@ -458,3 +458,22 @@ func TestNewPeerNeverJoins(t *testing.T) {
 	require.Less(t, time.Since(start), 10*time.Second)
 	t.Logf("New without its peer: %v after %v", err, time.Since(start))
 }
+
+// TestInitTime reports how long NewGroup takes for 8 virtual ranks, twice: the first includes
+// the PTX JIT unless the driver's compute cache already holds the kernels (run the test with
+// CUDA_CACHE_DISABLE=1 for a cold JIT every time); the second finds them in that cache.
+func TestInitTime(t *testing.T) {
+	requireGPU(t)
+	for i := range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		start := time.Now()
+		comms, err := collective.NewGroup(ctx, virtualRanks(8), collective.Options{})
+		elapsed := time.Since(start)
+		cancel()
+		require.NoError(t, err)
+		for _, c := range comms {
+			require.NoError(t, c.Close())
+		}
+		t.Logf("NewGroup of 8 ranks, run %d (CUDA_CACHE_DISABLE=%q): %v", i+1, os.Getenv("CUDA_CACHE_DISABLE"), elapsed)
+	}
+}
