@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/goccl/goccl/ptx"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -14,15 +15,16 @@ import (
 )
 
 // Limits of the signal region's shape (docs/kernel-abi.md).
+// The model's limits and layout are the kernels' own (ptx/abi.go).
 const (
 	// MaxRanks is the largest world size the signal region has lanes for.
-	MaxRanks = 16
+	MaxRanks = ptx.MaxRanks
 	// MaxBlocks is the largest grid the signal region has counters for.
-	MaxBlocks = 64
+	MaxBlocks = ptx.MaxBlocks
 )
 
 // signalWords is the size of one rank's 16 KiB signal region in u32 words.
-const signalWords = 16 << 10 / 4
+const signalWords = ptx.SignalBytes / 4
 
 // signal is one rank's signal region; every access is an atomic load or store
 // of one u32 word, as every PTX access to it is a single 32-bit ld or st.
@@ -30,9 +32,11 @@ type signal [signalWords]atomic.Uint32
 
 // Word indices of the signal region: the byte offsets of docs/kernel-abi.md
 // divided by 4.
-func selfCounterWord(b, t int) int     { return 16*b + t }
-func peerCounterWord(ph, b, p int) int { return 1024 + 1024*ph + 16*b + p }
-func pushEpochWord(b int) int          { return 3072 + b }
+func selfCounterWord(b, t int) int { return ptx.SelfCounterOffset/4 + MaxRanks*b + t }
+func peerCounterWord(ph, b, p int) int {
+	return ptx.PeerCounterOffset/4 + MaxBlocks*MaxRanks*ph + MaxRanks*b + p
+}
+func pushEpochWord(b int) int { return ptx.PushEpochOffset/4 + b }
 
 // newSignals returns one zeroed signal region per rank, as created.
 func newSignals(ranks int) []*signal {
