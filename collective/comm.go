@@ -277,6 +277,10 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	if err != nil {
 		return err
 	}
+	if fd >= 0 {
+		// The exported VMM fd only travels to the peers; it is ours to close however init ends.
+		defer unix.Close(fd)
+	}
 	mine := rankInfo{rankFacts: rankFacts{PID: int64(os.Getpid()), Device: int64(ordinal), UUID: uuid,
 		SMs: int64(sms), BlocksPerSM: int64(c.kernels.maxBlocksPerSM), Major: int64(major),
 		Blocks: int64(c.opts.Blocks), PushBlocks: int64(c.opts.PushBlocks), MaxBytes: c.opts.MaxBytes,
@@ -303,7 +307,6 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 		if fds, err = c.boot.AllGatherFDs(ctx, []int{fd}); err != nil {
 			return fmt.Errorf("exchange VMM file descriptors: %w", err)
 		}
-		unix.Close(fd) // our own entry is the fd we passed: it was only needed for the peers
 	}
 
 	// Every block of every rank that shares a GPU must be resident at once; the tightest GPU
