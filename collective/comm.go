@@ -376,7 +376,8 @@ func ranksPerGPU(infos []rankInfo) int {
 }
 
 // mapPeers makes every rank's arena addressable here, enabling peer access to other devices
-// of this process.
+// of this process. It owns the received VMM fds (fds[r], r != own rank): each is consumed by
+// memory.Open or closed on failure.
 func (c *Comm) mapPeers(infos []rankInfo, fds [][]int) error {
 	c.peers = make([]*memory.Mapping, c.size)
 	for r, ri := range infos {
@@ -384,16 +385,29 @@ func (c *Comm) mapPeers(infos []rankInfo, fds [][]int) error {
 		if len(fds[r]) > 0 && r != c.rank {
 			fd = fds[r][0]
 		}
+		var err error
 		if ri.Arena.Local() && ri.Device != int64(c.dev) {
-			if err := c.enablePeer(int(ri.Device)); err != nil {
-				return fmt.Errorf("peer access to rank %d on device %d: %w", r, ri.Device, err)
+			if err = c.enablePeer(int(ri.Device)); err != nil {
+				err = fmt.Errorf("peer access to rank %d on device %d: %w", r, ri.Device, err)
 			}
 		}
-		m, err := memory.Open(c.ctx, ri.Arena, fd)
-		if err != nil {
-			return fmt.Errorf("map the arena of rank %d: %w", r, err)
+		if err == nil {
+			if c.peers[r], err = memory.Open(c.ctx, ri.Arena, fd); err != nil {
+				err = fmt.Errorf("map the arena of rank %d: %w", r, err)
+			}
+			fd = -1 // Open consumed it
 		}
-		c.peers[r] = m
+		if err != nil {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+			for later := r + 1; later < c.size; later++ {
+				if later != c.rank && len(fds[later]) > 0 {
+					unix.Close(fds[later][0])
+				}
+			}
+			return err
+		}
 	}
 	return nil
 }
