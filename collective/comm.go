@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/goccl/goccl/collective/bootstrap"
@@ -479,8 +480,12 @@ func (c *Comm) Close() error {
 func (c *Comm) release() error {
 	var errs []error
 	if c.ctx != nil {
-		// In-flight kernels may still touch the arena and the peers' memory.
-		errs = append(errs, c.ctx.Synchronize())
+		// In-flight kernels may still touch the arena and the peers' memory: wait for them,
+		// but not forever (a kernel gives up after Options.Timeout). If they are still running,
+		// leave everything allocated: freeing memory under a running kernel blocks.
+		if err := c.drain(); err != nil {
+			return fmt.Errorf("collective: close rank %d: %w", c.rank, err)
+		}
 	}
 	for _, m := range c.opened {
 		errs = append(errs, m.Close())
@@ -513,6 +518,23 @@ func (c *Comm) release() error {
 		return fmt.Errorf("collective: close rank %d: %w", c.rank, err)
 	}
 	return nil
+}
+
+// drain waits for the work of the rank's context, for at most twice the watchdog timeout
+// plus a few seconds.
+func (c *Comm) drain() error {
+	limit := 2*c.opts.Timeout + 5*time.Second
+	if c.opts.Timeout < 0 {
+		limit = time.Minute
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.ctx.Synchronize() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(limit):
+		return fmt.Errorf("kernels still running after %v; device memory left allocated", limit)
+	}
 }
 
 // errWord reads word i of the error record. The kernel writes it through the mapping while
