@@ -35,7 +35,9 @@ gpu-bundle:
 	rm -rf $(BUNDLE) && mkdir -p $(BUNDLE)
 	for p in $(GPU_PKGS); do \
 	  [ -d $$p ] || continue; \
-	  CGO_ENABLED=0 $(GO) test -c -ldflags=-s -o $(BUNDLE)/$$(echo $$p | tr / _).test ./$$p || exit 1; \
+	  n=$$(echo $$p | tr / _); \
+	  CGO_ENABLED=0 $(GO) test -c -ldflags=-s -o $(BUNDLE)/$$n.test ./$$p || exit 1; \
+	  if [ -d $$p/testdata ]; then mkdir -p $(BUNDLE)/$$n.d && cp -r $$p/testdata $(BUNDLE)/$$n.d/; fi; \
 	done
 	[ ! -d cmd/arsmoke ] || CGO_ENABLED=0 $(GO) build -o $(BUNDLE)/arsmoke ./cmd/arsmoke
 	cp scripts/run-gpu-bundle.sh $(BUNDLE)/run.sh

@@ -18,7 +18,10 @@ limit=${GOCCL_BUNDLE_TIMEOUT:-540}
 run() { # name binary args...
   local name=$1; shift
   echo "=== $name: $*"
-  timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1
+  # A package's tests read testdata/ from the working folder: make copied it to NAME.d.
+  local dir=. bin=${1#./}; shift
+  [ -d "${bin%.test}.d" ] && dir=${bin%.test}.d
+  (cd "$dir" && timeout --kill-after=10 "$limit" "$OLDPWD/$bin" "$@") >"$out/$name.log" 2>&1
   local rc=$?
   grep -E '^(--- FAIL|--- SKIP|FAIL|ok|PASS|panic)|^\s+[a-z_]+\.go:[0-9]+:|Benchmark' "$out/$name.log" | tail -n 40
   echo "=== $name: exit $rc"
