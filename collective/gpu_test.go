@@ -91,19 +91,10 @@ func virtualRanks(n int) []int { return make([]int, n) }
 // hanging it (the watchdog should have fired long before).
 func (g *group) syncAll(limit time.Duration) {
 	g.t.Helper()
-	deadline := time.Now().Add(limit)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
 	for r, rb := range g.ranks {
-		for {
-			done, err := rb.stream.Query()
-			require.NoError(g.t, err, "rank %d stream", r)
-			if done {
-				break
-			}
-			if time.Now().After(deadline) {
-				g.t.Fatalf("rank %d: all-reduce still running after %v", r, limit)
-			}
-			time.Sleep(50 * time.Microsecond)
-		}
+		require.NoError(g.t, rb.stream.Wait(ctx), "rank %d: all-reduce still running after %v", r, limit)
 	}
 	for r, rb := range g.ranks {
 		require.NoError(g.t, rb.comm.Err(), "rank %d", r)
@@ -357,17 +348,10 @@ func TestWatchdog(t *testing.T) {
 			for _, rb := range g.ranks[:ws-1] {
 				require.NoError(t, rb.comm.AllReduce(rb.stream, rb.out, rb.in, nbytes/2, dtype.BFloat16))
 			}
+			wctx, cancel := context.WithTimeout(context.Background(), 10*timeout)
+			defer cancel()
 			for r, rb := range g.ranks[:ws-1] {
-				deadline := time.Now().Add(10 * timeout)
-				for {
-					done, err := rb.stream.Query()
-					require.NoError(t, err)
-					if done {
-						break
-					}
-					require.True(t, time.Now().Before(deadline), "rank %d still waiting after %v", r, 10*timeout)
-					time.Sleep(time.Millisecond)
-				}
+				require.NoError(t, rb.stream.Wait(wctx), "rank %d still waiting after %v", r, 10*timeout)
 			}
 			elapsed := time.Since(start)
 			require.Less(t, elapsed, 2*timeout+200*time.Millisecond, "the watchdog took too long")
