@@ -40,11 +40,13 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 	if err != nil {
 		return err
 	}
-	switch algo {
-	case Auto:
+	if algo == Auto {
 		algo = c.Selected(nbytes)
+	}
+	switch algo {
 	case OneShot, TwoShot:
 	case Push:
+		// The kernel writes nbytes into every peer's receive slot.
 		if nbytes > c.opts.PushMaxBytes {
 			return invalid("%d bytes is more than PushMaxBytes (%d) for the Push algorithm", nbytes, c.opts.PushMaxBytes)
 		}

@@ -193,3 +193,4 @@ func TestClosedAndFailedCommRefuseWork(t *testing.T) {
 }
 
 func driverPtr(p uintptr) driver.DevicePtr { return driver.DevicePtr(p) }
+
