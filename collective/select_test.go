@@ -193,4 +193,3 @@ func TestClosedAndFailedCommRefuseWork(t *testing.T) {
 }
 
 func driverPtr(p uintptr) driver.DevicePtr { return driver.DevicePtr(p) }
-
