@@ -3,7 +3,6 @@ package collective
 import (
 	"fmt"
 	"runtime"
-	"sync/atomic"
 	"time"
 
 	"github.com/goccl/goccl/driver"
@@ -189,5 +188,3 @@ func (c *Comm) kernelError() error {
 	return &KernelError{Code: code, Rank: int(c.errWord(1)), Block: int(c.errWord(2)),
 		Peer: int(c.errWord(3)), Phase: c.errWord(4)}
 }
-
-func atomicLoad32(p *uint32) uint32 { return atomic.LoadUint32(p) }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -540,5 +541,5 @@ func (c *Comm) drain() error {
 // errWord reads word i of the error record. The kernel writes it through the mapping while
 // the host may read it: atomic loads keep the race detector and the compiler honest.
 func (c *Comm) errWord(i int) uint32 {
-	return atomicLoad32((*uint32)(unsafe.Pointer(&c.errRec.Bytes()[4*i])))
+	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&c.errRec.Bytes()[4*i])))
 }
