@@ -39,6 +39,9 @@ gpu-bundle:
 	  CGO_ENABLED=0 $(GO) test -c -ldflags=-s -o $(BUNDLE)/$$n.test ./$$p || exit 1; \
 	  if [ -d $$p/testdata ]; then mkdir -p $(BUNDLE)/$$n.d && cp -r $$p/testdata $(BUNDLE)/$$n.d/; fi; \
 	done
+	# The cgo build of internal/topology (go-nvml), so that both NVML bindings run on the GPU.
+	CGO_ENABLED=1 $(GO) test -c -ldflags=-s -o $(BUNDLE)/internal_topology_cgo.test ./internal/topology
+	cp -r $(BUNDLE)/internal_topology.d $(BUNDLE)/internal_topology_cgo.d
 	[ ! -d cmd/arsmoke ] || CGO_ENABLED=0 $(GO) build -o $(BUNDLE)/arsmoke ./cmd/arsmoke
 	cp scripts/run-gpu-bundle.sh $(BUNDLE)/run.sh
 

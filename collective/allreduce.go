@@ -186,5 +186,5 @@ func (c *Comm) kernelError() error {
 		runtime.Gosched()
 	}
 	return &KernelError{Code: code, Rank: int(c.errWord(1)), Block: int(c.errWord(2)),
-		Peer: int(c.errWord(3)), Phase: c.errWord(4)}
+		Peer: int(c.errWord(3)), Phase: c.errWord(4), SharedGPU: c.sharedGPU}
 }

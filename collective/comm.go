@@ -37,6 +37,7 @@ type Comm struct {
 	blocks     int  // block limit of OneShot and TwoShot
 	pushBlocks int  // block count of every Push launch
 	allLocal   bool // every rank lives in this process
+	sharedGPU  bool // some ranks of this process share a GPU (virtual ranks)
 
 	layout  arenaLayout
 	arena   *memory.Buffer
@@ -179,6 +180,12 @@ func New(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Options
 // GPU, each with its own stream, which is how goccl is tested on one GPU. The comms are
 // returned in rank order; close each of them.
 //
+// Virtual ranks need each rank's stream on its own hardware queue of the GPU: two ranks
+// whose streams share one queue wait for each other forever (the watchdog then reports a
+// timeout). The driver gives a process 8 queues unless CUDA_DEVICE_MAX_CONNECTIONS says
+// otherwise, and it reads that variable once, when the process first uses CUDA: a program
+// that runs virtual ranks should set it to 32 before its first CUDA call, as arsmoke does.
+//
 // Over several distinct GPUs, NewGroup first checks that they can all reach each other (a real
 // peer write through every pair, cached per driver and device set; see internal/topology) and,
 // for more than two, that NVLink links them all; otherwise it fails with an error that names
@@ -262,6 +269,10 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	if c.kernels, err = acquireKernels(kernelKey{dev: c.dev, worldSize: c.size, target: target}); err != nil {
 		return err
 	}
+	// Once per process: where the driver takes a launch's context from its stream, every
+	// AllReduce then costs one driver call instead of two. A driver that does not is no
+	// error: launches keep binding the context.
+	_ = driver.ProbeStreamLaunch(c.ctx)
 
 	c.layout = newArenaLayout(c.opts, c.size)
 	if c.arena, err = memory.Alloc(c.ctx, c.layout.total, c.opts.IPC); err != nil {
@@ -322,6 +333,7 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 		c.major = min(c.major, int(ri.Major))
 	}
 	maxOnGPU := ranksPerGPU(infos)
+	c.sharedGPU = c.allLocal && maxOnGPU > 1
 	c.blocks = blockCap(c.opts.Blocks, smsOnGPU, blocksPerSM, maxOnGPU)
 	c.pushBlocks = blockCap(c.opts.PushBlocks, smsOnGPU, blocksPerSM, maxOnGPU)
 	// PDL lets the next kernel start early; with several ranks on one GPU its blocks could

@@ -3,6 +3,7 @@ package collective
 import (
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/goccl/goccl/internal/topology"
 	"github.com/goccl/goccl/ptx"
@@ -28,6 +29,10 @@ var (
 	ErrNotEligible = topology.ErrNotEligible
 )
 
+// MaxConnectionsEnv is the CUDA environment variable that sets how many hardware queues a
+// process gets per GPU; virtual ranks need one per rank (see NewGroup).
+const MaxConnectionsEnv = "CUDA_DEVICE_MAX_CONNECTIONS"
+
 // KernelError is an error a kernel recorded in its error record, read back by the host.
 // errors.Is matches ErrTimeout or ErrUnfilledSlot, and ErrUnusable.
 type KernelError struct {
@@ -36,13 +41,21 @@ type KernelError struct {
 	Block int    // thread block that recorded it
 	Peer  int    // the rank that did not arrive, or whose slot was empty
 	Phase uint32 // ptx.Phase*
+	// SharedGPU: ranks of this process share a GPU (virtual ranks), where a timeout can also
+	// come from two ranks' streams sharing a hardware queue (see NewGroup).
+	SharedGPU bool
 }
 
 func (e *KernelError) Error() string {
 	switch e.Code {
 	case ptx.ErrCodeTimeout:
-		return fmt.Sprintf("collective: rank %d timed out in the %s waiting for rank %d (block %d): that rank never launched its all-reduce, is stuck, or died",
+		msg := fmt.Sprintf("collective: rank %d timed out in the %s waiting for rank %d (block %d): that rank never launched its all-reduce, is stuck, or died",
 			e.Rank, phaseName(e.Phase), e.Peer, e.Block)
+		if e.SharedGPU {
+			msg += fmt.Sprintf("; with virtual ranks it can also be two ranks' streams sharing a hardware queue (%s=%q here; set it to 32 before the first CUDA call)",
+				MaxConnectionsEnv, os.Getenv(MaxConnectionsEnv))
+		}
+		return msg
 	case ptx.ErrCodeUnfilledSlot:
 		return fmt.Sprintf("collective: rank %d found no pointer for rank %d in its registration slot (block %d): a captured graph was replayed before Capture finished exchanging buffers",
 			e.Rank, e.Peer, e.Block)

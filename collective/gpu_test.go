@@ -370,6 +370,44 @@ func TestWatchdog(t *testing.T) {
 	}
 }
 
+// TestWatchdogQueuedKernels leaves one rank out while the others have many all-reduces queued
+// (as a graph replay would): after the first kernel gives up, the queued ones must give up
+// within microseconds each (they see the rank's error record), not wait out the timeout in
+// turn, which would take queued x timeout.
+func TestWatchdogQueuedKernels(t *testing.T) {
+	requireGPU(t)
+	for _, algo := range ptx.Algorithms {
+		t.Run(algo.String(), func(t *testing.T) {
+			const ws, queued = 4, 50
+			timeout := 200 * time.Millisecond
+			g := newGroup(t, virtualRanks(ws), collective.Options{Algorithm: algo, Timeout: timeout}, 1<<20)
+			nbytes := 64 << 10
+			start := time.Now()
+			for range queued {
+				for _, rb := range g.ranks[:ws-1] {
+					require.NoError(t, rb.comm.AllReduce(rb.stream, rb.out, rb.in, nbytes/2, dtype.BFloat16))
+				}
+			}
+			// Enqueueing must have been quicker than the timeout, or the later calls would
+			// have been refused rather than queued.
+			require.Less(t, time.Since(start), timeout/2, "enqueueing %d all-reduces took too long for this test", queued)
+			wctx, cancel := context.WithTimeout(context.Background(), queued*timeout)
+			defer cancel()
+			for r, rb := range g.ranks[:ws-1] {
+				require.NoError(t, rb.stream.Wait(wctx), "rank %d still running after %v", r, queued*timeout)
+			}
+			elapsed := time.Since(start)
+			require.Less(t, elapsed, 3*timeout, "the queued kernels waited for the timeout again")
+			for r, rb := range g.ranks[:ws-1] {
+				var ke *collective.KernelError
+				require.ErrorAs(t, rb.comm.Err(), &ke, "rank %d", r)
+				require.Equal(t, ws-1, ke.Peer, "rank %d should name the missing rank: %v", r, ke)
+			}
+			t.Logf("%d queued all-reduces per rank done %v after the first call (timeout %v)", queued, elapsed, timeout)
+		})
+	}
+}
+
 // TestNewCloseLeaks creates and closes a group 200 times: device memory must return to its
 // starting level.
 func TestNewCloseLeaks(t *testing.T) {

@@ -125,6 +125,9 @@ func TestKernelErrorMessages(t *testing.T) {
 	assert.ErrorIs(t, e, ErrUnusable)
 	assert.NotErrorIs(t, e, ErrUnfilledSlot)
 	assert.Contains(t, e.Error(), "rank 2 timed out in the entry barrier waiting for rank 7")
+	assert.NotContains(t, e.Error(), MaxConnectionsEnv)
+	e.SharedGPU = true
+	assert.Contains(t, e.Error(), MaxConnectionsEnv+"=")
 
 	u := &KernelError{Code: ptx.ErrCodeUnfilledSlot, Rank: 1, Peer: 3}
 	assert.ErrorIs(t, u, ErrUnfilledSlot)

@@ -19,6 +19,9 @@ func benchKernel(b *testing.B) (*Stream, *Function) {
 
 func BenchmarkLaunch(b *testing.B) {
 	s, f := benchKernel(b)
+	// The binding path, even if a probe in this process enabled the other one.
+	prev := streamLaunch.Swap(false)
+	b.Cleanup(func() { streamLaunch.Store(prev) })
 	cfg := &LaunchConfig{Grid: [3]uint32{1, 1, 1}, Block: [3]uint32{1, 1, 1}}
 	args := new(Args)
 	b.ReportAllocs()
@@ -45,6 +48,25 @@ func BenchmarkLaunchBareSyscall(b *testing.B) {
 	for b.Loop() {
 		if r, _, _ := purego.SyscallN(cuLaunchKernel, args...); uint32(r) != 0 {
 			b.Fatal(newError(cuLaunchKernel, Result(int32(uint32(r)))))
+		}
+	}
+	b.StopTimer()
+	waitStream(b, s)
+}
+
+// BenchmarkLaunchStreamContext is BenchmarkLaunch after ProbeStreamLaunch: where the driver
+// takes the context from the stream, each launch is one cgo call instead of two.
+func BenchmarkLaunchStreamContext(b *testing.B) {
+	s, f := benchKernel(b)
+	if err := ProbeStreamLaunch(s.ctx); err != nil {
+		b.Skip(err)
+	}
+	cfg := &LaunchConfig{Grid: [3]uint32{1, 1, 1}, Block: [3]uint32{1, 1, 1}}
+	args := new(Args)
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := Launch(s, f, cfg, args); err != nil {
+			b.Fatal(err)
 		}
 	}
 	b.StopTimer()

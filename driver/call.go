@@ -120,17 +120,28 @@ var frames = sync.Pool{New: func() any { return new(frame) }}
 // hot is Context.call without allocation, for the hot methods (launches, async copies and
 // memsets, events, graph launches). See the top of this file for what its callers keep alive.
 func (c *Context) hot(fn uintptr, args ...uintptr) error {
-	r, failed, err := c.hotResult(fn, args...)
+	r, failed, err := c.hotResult(true, fn, args...)
 	if err != nil || r == 0 {
 		return err
 	}
 	return newError(failed, r)
 }
 
-// hotResult makes c current and calls fn like hot, but returns the CUresult and the function
-// that produced it (cuCtxSetCurrent or fn) instead of an *Error, so that callers for which a
-// code is an answer (NOT_READY) allocate nothing. err is set when nothing was called.
-func (c *Context) hotResult(fn uintptr, args ...uintptr) (r Result, failed uintptr, err error) {
+// launch is hot for the launch functions, which skip binding the context once
+// ProbeStreamLaunch has found that the driver takes it from the stream.
+func (c *Context) launch(fn uintptr, args ...uintptr) error {
+	r, failed, err := c.hotResult(!streamLaunch.Load(), fn, args...)
+	if err != nil || r == 0 {
+		return err
+	}
+	return newError(failed, r)
+}
+
+// hotResult makes c current (unless bind is false) and calls fn like hot, but returns the
+// CUresult and the function that produced it (cuCtxSetCurrent or fn) instead of an *Error, so
+// that callers for which a code is an answer (NOT_READY) allocate nothing. err is set when
+// nothing was called.
+func (c *Context) hotResult(bind bool, fn uintptr, args ...uintptr) (r Result, failed uintptr, err error) {
 	if c == nil || c.closed.Load() {
 		return 0, 0, errContextClosed()
 	}
@@ -140,14 +151,20 @@ func (c *Context) hotResult(fn uintptr, args ...uintptr) (r Result, failed uintp
 	f := frames.Get().(*frame)
 	f[0] = c.handle
 	n := 1 + copy(f[1:], args)
-	failed = cuCtxSetCurrent
-	runtime.LockOSThread()
-	ret, _, _ := purego.SyscallN(cuCtxSetCurrent, f[:1]...)
-	if uint32(ret) == 0 {
+	var ret uintptr
+	if bind {
+		failed = cuCtxSetCurrent
+		runtime.LockOSThread()
+		ret, _, _ = purego.SyscallN(cuCtxSetCurrent, f[:1]...)
+		if uint32(ret) == 0 {
+			failed = fn
+			ret, _, _ = purego.SyscallN(fn, f[1:n]...)
+		}
+		runtime.UnlockOSThread()
+	} else {
 		failed = fn
 		ret, _, _ = purego.SyscallN(fn, f[1:n]...)
 	}
-	runtime.UnlockOSThread()
 	frames.Put(f)
 	return Result(int32(uint32(ret))), failed, nil
 }
@@ -155,7 +172,7 @@ func (c *Context) hotResult(fn uintptr, args ...uintptr) (r Result, failed uintp
 // query runs cuStreamQuery or cuEventQuery on handle h: CUDA_ERROR_NOT_READY is the answer
 // "not done", not an error, and costs no allocation (Wait polls it).
 func (c *Context) query(fn, h uintptr) (done bool, err error) {
-	r, failed, err := c.hotResult(fn, h)
+	r, failed, err := c.hotResult(true, fn, h)
 	switch {
 	case err != nil:
 		return false, err

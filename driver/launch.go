@@ -125,7 +125,7 @@ func Launch(s *Stream, f *Function, cfg *LaunchConfig, args *Args) error {
 	if err := checkLaunch(s, f, cfg, args); err != nil {
 		return err
 	}
-	err := s.ctx.hot(cuLaunchKernel, f.handle,
+	err := s.ctx.launch(cuLaunchKernel, f.handle,
 		uintptr(cfg.Grid[0]), uintptr(cfg.Grid[1]), uintptr(cfg.Grid[2]),
 		uintptr(cfg.Block[0]), uintptr(cfg.Block[1]), uintptr(cfg.Block[2]),
 		uintptr(cfg.SharedMem), s.handle, uintptr(args.params()), 0)
@@ -148,7 +148,15 @@ func LaunchEx(s *Stream, f *Function, cfg *LaunchConfig, args *Args, pdl bool) e
 	if err := checkLaunch(s, f, cfg, args); err != nil {
 		return err
 	}
-	x := &args.ex
+	err := s.ctx.launch(cuLaunchKernelEx, uintptr(args.exConfig(s, cfg, pdl)), f.handle, uintptr(args.params()), 0)
+	runtime.KeepAlive(args) // the driver read the configuration, attribute and values in it
+	return err
+}
+
+// exConfig fills the CUlaunchConfig (and PDL attribute) of a launch on s into a and returns
+// its address.
+func (a *Args) exConfig(s *Stream, cfg *LaunchConfig, pdl bool) unsafe.Pointer {
+	x := &a.ex
 	x.config = cuLaunchConfig{
 		gridDimX: cfg.Grid[0], gridDimY: cfg.Grid[1], gridDimZ: cfg.Grid[2],
 		blockDimX: cfg.Block[0], blockDimY: cfg.Block[1], blockDimZ: cfg.Block[2],
@@ -160,9 +168,7 @@ func LaunchEx(s *Stream, f *Function, cfg *LaunchConfig, args *Args, pdl bool) e
 		x.attr.value[0] = 1 // programmaticStreamSerializationAllowed: an int at offset 0 (little-endian)
 		x.config.attrs, x.config.numAttrs = &x.attr, 1
 	}
-	err := s.ctx.hot(cuLaunchKernelEx, uintptr(unsafe.Pointer(&x.config)), f.handle, uintptr(args.params()), 0)
-	runtime.KeepAlive(args) // the driver read the configuration, attribute and values in it
-	return err
+	return unsafe.Pointer(&x.config)
 }
 
 // checkLaunch validates a launch before any driver call, allocating only when it fails.

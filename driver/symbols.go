@@ -16,6 +16,7 @@ var (
 	cuDeviceGetUuid_v2, cuDeviceTotalMem_v2, cuDeviceCanAccessPeer                            uintptr
 
 	cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease_v2, cuCtxSetCurrent, cuCtxSynchronize uintptr
+	cuCtxGetCurrent                                                                           uintptr
 	cuCtxEnablePeerAccess, cuMemGetInfo_v2                                                    uintptr
 
 	cuMemAlloc_v2, cuMemFree_v2, cuMemHostAlloc, cuMemFreeHost, cuMemHostGetDevicePointer_v2 uintptr
@@ -90,6 +91,8 @@ var symbolTable = []symbol{
 	req("cuDevicePrimaryCtxRelease_v2", &cuDevicePrimaryCtxRelease_v2),
 	// CUresult cuCtxSetCurrent(CUcontext ctx);
 	req("cuCtxSetCurrent", &cuCtxSetCurrent),
+	// CUresult cuCtxGetCurrent(CUcontext *pctx);
+	req("cuCtxGetCurrent", &cuCtxGetCurrent),
 	// CUresult cuCtxSynchronize(void);
 	req("cuCtxSynchronize", &cuCtxSynchronize),
 	// CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags);

@@ -64,3 +64,10 @@ const (
 	// PhasePush is the push kernel waiting for a peer's data.
 	PhasePush = 4
 )
+
+// StaleAfterNs is how long a kernel waits for a peer before it also checks its
+// own rank's error record, and gives up at once (without claiming the record)
+// if an earlier kernel of the rank already failed: after one timeout, the
+// kernels queued behind it leave within microseconds each instead of waiting
+// out the whole timeout in turn.
+const StaleAfterNs = 65536

@@ -124,6 +124,7 @@ type abiConsts struct {
 	CodeTimeout, CodeUnfilled          int
 	PhaseNone, PhaseEntry, PhaseMiddle int
 	PhaseExit, PhasePush               int
+	StaleAfterNs                       int
 }
 
 func newKernel(s Spec) *kernel {
@@ -140,7 +141,7 @@ func newKernel(s Spec) *kernel {
 			SelfCounter: SelfCounterOffset, PeerCounter: PeerCounterOffset, PushEpoch: PushEpochOffset,
 			CodeTimeout: ErrCodeTimeout, CodeUnfilled: ErrCodeUnfilledSlot,
 			PhaseNone: PhaseNone, PhaseEntry: PhaseEntry, PhaseMiddle: PhaseMiddle,
-			PhaseExit: PhaseExit, PhasePush: PhasePush,
+			PhaseExit: PhaseExit, PhasePush: PhasePush, StaleAfterNs: StaleAfterNs,
 			Lanes: MaxRanks, PhaseSlots: MaxBlocks * MaxRanks,
 		},
 	}

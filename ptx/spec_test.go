@@ -192,10 +192,13 @@ func TestMemoryOrder(t *testing.T) {
 			assert.Equal(t, 2*s.WorldSize, strings.Count(text, "ld.volatile.global.v4.b32"), name)
 			assert.Equal(t, s.WorldSize, strings.Count(text, "st.volatile.global.v4.b32"), name)
 		}
-		// every spin loop has a watchdog, and every watchdog can claim the record
+		// every spin loop has a watchdog, every watchdog can claim the record, and every one
+		// gives up early once the record is set
 		spins := strings.Count(text, "mov.u64 %wd_start, %globaltimer;")
-		assert.Equal(t, spins, strings.Count(text, "setp.le.u64 %p1, %wd_now, %timeout;"), name)
+		assert.Equal(t, spins, strings.Count(text, "setp.gt.u64 %p1, %wd_now, %timeout;"), name)
 		assert.GreaterOrEqual(t, strings.Count(text, "atom.global.cas.b32 %old, [%err], 0,"), spins, name)
+		assert.Equal(t, spins, strings.Count(text, fmt.Sprintf("setp.lt.u64 %%p1, %%wd_now, %d;", StaleAfterNs)), name)
+		assert.Equal(t, spins, strings.Count(text, "ld.volatile.global.u32 %code, [%err];"), name)
 	}
 }
 

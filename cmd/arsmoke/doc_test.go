@@ -1,6 +1,7 @@
 package main
 
 import (
+	_ "embed"
 	"flag"
 	"go/parser"
 	"go/token"
@@ -11,11 +12,17 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+//go:embed doc.go
+var docSource []byte
+
 // TestManualCoversFlags keeps the package doc, which is the manual, in step
 // with the flags: each flag is documented in the list, and the list names
 // no flag that does not exist.
+//
+// doc.go is embedded, not read from the working folder, so that the test binary also runs
+// where the sources are not (the GPU bundle).
 func TestManualCoversFlags(t *testing.T) {
-	f, err := parser.ParseFile(token.NewFileSet(), "doc.go", nil, parser.ParseComments|parser.PackageClauseOnly)
+	f, err := parser.ParseFile(token.NewFileSet(), "doc.go", docSource, parser.ParseComments|parser.PackageClauseOnly)
 	require.NoError(t, err)
 	manual := f.Doc.Text()
 

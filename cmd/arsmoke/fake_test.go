@@ -17,6 +17,7 @@ const envFake = "ARSMOKE_TEST_FAKE"
 // TestMain turns the test binary into arsmoke when a test's --procs parent
 // starts it as a child, so that the parent side runs for real.
 func TestMain(m *testing.M) {
+	raiseConnections() // as main does: the GPU tests run arsmoke in this process
 	if _, child := os.LookupEnv(envRank); child {
 		if mode := os.Getenv(envFake); mode != "" {
 			installFake(mode)

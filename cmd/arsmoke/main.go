@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/goccl/goccl/collective"
 )
 
 // Exit codes.
@@ -19,7 +21,18 @@ const (
 )
 
 func main() {
+	raiseConnections()
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// raiseConnections gives the process 32 hardware queues per GPU instead of CUDA's default 8,
+// unless the user chose a number: arsmoke's virtual ranks need their streams on separate
+// queues (see collective.NewGroup), and the driver reads the variable when CUDA starts, so it
+// is set before anything else.
+func raiseConnections() {
+	if _, set := os.LookupEnv(collective.MaxConnectionsEnv); !set {
+		os.Setenv(collective.MaxConnectionsEnv, "32")
+	}
 }
 
 // run is the whole command: it parses args, runs, prints the results on
