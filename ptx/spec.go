@@ -187,6 +187,9 @@ type barrier struct {
 	// Pre: bar.sync before the handshake (①); Post: bar.red.or after it (⑥);
 	// Acquire: release/acquire flags instead of volatile ones.
 	Pre, Post, Acquire bool
+	// Chained: an earlier barrier of the same kernel left this lane's round in %round, so
+	// the round is that plus one, without reading the counter back from memory.
+	Chained bool
 }
 
 // Barrier returns the entry, middle or exit barrier.
@@ -195,9 +198,9 @@ func (k *kernel) Barrier(name string) (barrier, error) {
 	case "entry":
 		return barrier{kernel: k, Name: name, Phase: PhaseEntry, Post: true}, nil
 	case "middle":
-		return barrier{kernel: k, Name: name, Phase: PhaseMiddle, Pre: true, Post: true, Acquire: true}, nil
+		return barrier{kernel: k, Name: name, Phase: PhaseMiddle, Pre: true, Post: true, Acquire: true, Chained: true}, nil
 	case "exit":
-		return barrier{kernel: k, Name: name, Phase: PhaseExit, Pre: true}, nil
+		return barrier{kernel: k, Name: name, Phase: PhaseExit, Pre: true, Chained: true}, nil
 	}
 	return barrier{}, fmt.Errorf("unknown barrier %q", name)
 }

@@ -192,6 +192,12 @@ func TestMemoryOrder(t *testing.T) {
 			assert.Equal(t, 2*s.WorldSize, strings.Count(text, "ld.volatile.global.v4.b32"), name)
 			assert.Equal(t, s.WorldSize, strings.Count(text, "st.volatile.global.v4.b32"), name)
 		}
+		// the round counter is read from memory once per kernel: a later barrier continues from
+		// the round the lane holds, and every barrier stores its round back
+		if s.Algo != Push {
+			assert.Equal(t, 1, strings.Count(text, "ld.global.u32 %round,"), name)
+			assert.Equal(t, 2, strings.Count(text, "add.u32 %round, %round, 1;"), name)
+		}
 		// every spin loop has a watchdog, every watchdog can claim the record, and every one
 		// gives up early once the record is set
 		spins := strings.Count(text, "mov.u64 %wd_start, %globaltimer;")
