@@ -22,6 +22,9 @@ import (
 	"github.com/goccl/goccl/ptx"
 )
 
+// envMPRank carries a TestMultiProcess child's rank; its presence marks the child.
+const envMPRank = "GOCCL_MP_RANK"
+
 // TestMultiProcess runs 4 processes on GPU 0, joined by the Unix-socket bootstrap, with each
 // kind of IPC memory: real cross-process handles. With MPS running (the GPU bundle starts it
 // where it exists) their kernels run concurrently; without it they time-slice, slower but
@@ -36,7 +39,7 @@ func TestMultiProcess(t *testing.T) {
 			outs := make([]*bytes.Buffer, procs)
 			for r := range procs {
 				cmd := exec.Command(os.Args[0], "-test.run=^TestMultiProcessChild$", "-test.v")
-				cmd.Env = append(os.Environ(), "GOCCL_MP_RANK="+strconv.Itoa(r), "GOCCL_MP_SIZE="+strconv.Itoa(procs),
+				cmd.Env = append(childEnv(), envMPRank+"="+strconv.Itoa(r), "GOCCL_MP_SIZE="+strconv.Itoa(procs),
 					"GOCCL_MP_SOCK="+sock, "GOCCL_MP_KIND="+strconv.Itoa(int(kind)))
 				outs[r] = &bytes.Buffer{}
 				cmd.Stdout, cmd.Stderr = outs[r], outs[r]
@@ -61,7 +64,7 @@ func TestMultiProcess(t *testing.T) {
 
 // TestMultiProcessChild is one rank of TestMultiProcess; it does nothing unless started by it.
 func TestMultiProcessChild(t *testing.T) {
-	rankStr := os.Getenv("GOCCL_MP_RANK")
+	rankStr := os.Getenv(envMPRank)
 	if rankStr == "" {
 		t.Skip("child of TestMultiProcess only")
 	}

@@ -203,7 +203,10 @@ func TestMemoryOrder(t *testing.T) {
 		spins := strings.Count(text, "mov.u64 %wd_start, %globaltimer;")
 		assert.Equal(t, spins, strings.Count(text, "setp.gt.u64 %p1, %wd_now, %timeout;"), name)
 		assert.GreaterOrEqual(t, strings.Count(text, "atom.global.cas.b32 %old, [%err], 0,"), spins, name)
-		assert.Equal(t, spins, strings.Count(text, fmt.Sprintf("setp.lt.u64 %%p1, %%wd_now, %d;", StaleAfterNs)), name)
+		// (at most once per StaleAfterNs and thread: the next check is due at %wd_next)
+		assert.Equal(t, spins, strings.Count(text, fmt.Sprintf("mov.u64 %%wd_next, %d;", StaleAfterNs)), name)
+		assert.Equal(t, spins, strings.Count(text, "setp.lt.u64 %p1, %wd_now, %wd_next;"), name)
+		assert.Equal(t, spins, strings.Count(text, fmt.Sprintf("add.u64 %%wd_next, %%wd_now, %d;", StaleAfterNs)), name)
 		assert.Equal(t, spins, strings.Count(text, "ld.volatile.global.u32 %code, [%err];"), name)
 	}
 }

@@ -17,7 +17,13 @@ const envFake = "ARSMOKE_TEST_FAKE"
 // TestMain turns the test binary into arsmoke when a test's --procs parent
 // starts it as a child, so that the parent side runs for real.
 func TestMain(m *testing.M) {
-	raiseConnections() // as main does: the GPU tests run arsmoke in this process
+	// The GPU tests run arsmoke in this process after requireGPU has started CUDA, which reads
+	// the queue count then: raise it first, as run does in arsmoke itself (the --procs
+	// children still get the default, see childEnv). Not under MPS (the GPU bundle runs
+	// TestGPUProcs there): this process's 32 queues and its 4 children's exhaust the MPS pool.
+	if os.Getenv("CUDA_MPS_PIPE_DIRECTORY") == "" {
+		raiseConnections()
+	}
 	if _, child := os.LookupEnv(envRank); child {
 		if mode := os.Getenv(envFake); mode != "" {
 			installFake(mode)

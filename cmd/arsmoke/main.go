@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/goccl/goccl/collective"
@@ -21,18 +22,40 @@ const (
 )
 
 func main() {
-	raiseConnections()
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// raisedConnections is set when raiseConnections set the variable (the user had not).
+var raisedConnections bool
+
 // raiseConnections gives the process 32 hardware queues per GPU instead of CUDA's default 8,
 // unless the user chose a number: arsmoke's virtual ranks need their streams on separate
-// queues (see collective.NewGroup), and the driver reads the variable when CUDA starts, so it
-// is set before anything else.
+// queues (see collective.NewGroup), and the driver reads the variable when CUDA starts, so
+// run calls it before any CUDA call. Only a process that drives every rank raises it: a
+// --procs parent or child runs at most one rank, and under MPS every process's queues come
+// from one pool, which 32 per process exhausts (CUDA_ERROR_OUT_OF_MEMORY or
+// CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED with 4 processes on an H200).
 func raiseConnections() {
 	if _, set := os.LookupEnv(collective.MaxConnectionsEnv); !set {
 		os.Setenv(collective.MaxConnectionsEnv, "32")
+		raisedConnections = true
 	}
+}
+
+// childEnv is the environment of a --procs child: this process's, without the queue count
+// that raiseConnections added (see there).
+func childEnv() []string {
+	env := os.Environ()
+	if !raisedConnections {
+		return env
+	}
+	out := env[:0:0]
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, collective.MaxConnectionsEnv+"=") {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // run is the whole command: it parses args, runs, prints the results on
@@ -51,6 +74,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "arsmoke: %v\n", err)
 		return exitUsage
+	}
+	if c.procs == 0 {
+		raiseConnections()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -71,7 +71,7 @@ func runParent(ctx context.Context, c config, args []string, stdout, stderr io.W
 	cmds := make([]*exec.Cmd, 0, c.procs)
 	for rank := range c.procs {
 		cmd := exec.Command(exe, args...)
-		cmd.Env = append(os.Environ(), envRank+"="+strconv.Itoa(rank), envSocket+"="+sock)
+		cmd.Env = append(childEnv(), envRank+"="+strconv.Itoa(rank), envSocket+"="+sock)
 		if rank == 0 {
 			cmd.Stdout = stdout
 		}

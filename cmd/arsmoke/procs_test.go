@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goccl/goccl/collective"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -87,4 +88,18 @@ func TestPrefixWriter(t *testing.T) {
 	assert.Equal(t, "rank 2: first line\nrank 2: second line\n", out.String(), "a partial line waits")
 	p.flush()
 	assert.Equal(t, "rank 2: first line\nrank 2: second line\nrank 2: third\n", out.String())
+}
+
+// TestChildEnvDropsRaisedConnections: a --procs child runs one rank and must not inherit the
+// queue count that arsmoke raised for virtual ranks (under MPS, 4 processes x 32 queues exhaust
+// the GPU's pool), but keeps one the user set.
+func TestChildEnvDropsRaisedConnections(t *testing.T) {
+	t.Setenv(collective.MaxConnectionsEnv, "32")
+	prev := raisedConnections
+	t.Cleanup(func() { raisedConnections = prev })
+
+	raisedConnections = true
+	assert.NotContains(t, childEnv(), collective.MaxConnectionsEnv+"=32")
+	raisedConnections = false
+	assert.Contains(t, childEnv(), collective.MaxConnectionsEnv+"=32", "the user's own setting is passed on")
 }
