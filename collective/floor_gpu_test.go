@@ -27,9 +27,10 @@ const emptyKernelPTX = `
 // BenchmarkGraphForkJoinFloor measures the harnesses of the graph benchmarks without any
 // all-reduce, with empty kernels: whatever an all-reduce costs above this is its own.
 //
-//   - fork-main: issue 3's harness, one graph of 200 layers, each an event fork from a main
-//     stream to ws rank streams, one kernel per rank stream and a join back;
-//   - fork-rank0: the same with rank 0's kernel on the main stream (ws-1 forks per layer);
+//   - fork-main: one graph of 200 layers, each an event fork from a stream of its own to ws
+//     rank streams, one kernel per rank stream and a join back;
+//   - fork-rank0: the same with rank 0's kernel on the main stream (ws-1 forks per layer):
+//     issue 3's harness, "a fork from stream 0 to every rank's stream";
 //   - per-rank: one graph of 200 kernels per rank stream, as every process of a real job
 //     captures its own (what arsmoke -g does); the time runs from an event before all of them
 //     to the join after.

@@ -15,10 +15,10 @@ import (
 // Every hot call binds its context first, since the CUDA API takes the context from the
 // calling thread. A launch, though, names its stream, and the stream its context: the drivers
 // measured here launch into the stream's context whatever is current on the thread (driver
-// 580: with no context and with another context current, the kernel ran on its stream). Not
-// binding saves a second cgo call per launch, a tenth of the launch's host cost on an H200
-// VM. Since the driver documentation does not promise it, ProbeStreamLaunch tests it once per
-// process before Launch and LaunchEx rely on it.
+// 580, scripts/bench/launch.c's probe: with no context and with another context current, the
+// kernel ran on its stream). Not binding saves a second cgo call per launch, about 150 ns of
+// 3.2 us on an H200 VM (docs/benchmarks.md). Since the driver documentation does not promise
+// it, ProbeStreamLaunch tests it once per process before Launch and LaunchEx rely on it.
 
 // streamLaunch is set once ProbeStreamLaunch has seen launches work without a current
 // context; Launch and LaunchEx then skip cuCtxSetCurrent.
@@ -65,7 +65,7 @@ func ProbeStreamLaunch(c *Context) error {
 // ProbeStreamLaunch).
 func StreamLaunch() bool { return streamLaunch.Load() }
 
-func probeStreamLaunch(c *Context) (err error) {
+func probeStreamLaunch(c *Context) error {
 	fail := func(format string, args ...any) error {
 		return fmt.Errorf("probe of launches without a current context: "+format, args...)
 	}
