@@ -437,6 +437,9 @@ func TestNewCloseLeaks(t *testing.T) {
 
 // BenchmarkAllReduceHost measures the host cost of one eager AllReduce call (argument checks,
 // staging copy, launch); the GPU work runs meanwhile and is waited for outside the timer.
+// BenchmarkAllReduceLaunchOnly (internal tests) launches the same kernel with the same
+// arguments through driver.Launch alone, and scripts/bench/launch.c is the C baseline: run
+// them interleaved to compare (docs/benchmarks.md).
 func BenchmarkAllReduceHost(b *testing.B) {
 	requireGPU(b)
 	for _, algo := range []collective.Algorithm{collective.Push, collective.OneShot} {
