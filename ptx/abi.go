@@ -65,9 +65,9 @@ const (
 	PhasePush = 4
 )
 
-// StaleAfterNs is how long a kernel waits for a peer before it also checks its
-// own rank's error record, and gives up at once (without claiming the record)
-// if an earlier kernel of the rank already failed: after one timeout, the
-// kernels queued behind it leave within microseconds each instead of waiting
-// out the whole timeout in turn.
+// StaleAfterNs is the period at which a kernel waiting for a peer also checks
+// its own rank's error record (once per period and thread: it is host memory),
+// and gives up at once (without claiming the record) if an earlier kernel of
+// the rank already failed: after one timeout, the kernels queued behind it
+// leave within a period each instead of waiting out the whole timeout in turn.
 const StaleAfterNs = 65536
