@@ -372,8 +372,8 @@ func TestWatchdog(t *testing.T) {
 
 // TestWatchdogQueuedKernels leaves one rank out while the others have many all-reduces queued
 // (as a graph replay would): after the first kernel gives up, the queued ones must give up
-// within microseconds each (they see the rank's error record), not wait out the timeout in
-// turn, which would take queued x timeout.
+// within one ptx.StaleAfterNs period each (they see the rank's error record), not wait out
+// the timeout in turn, which would take queued x timeout.
 func TestWatchdogQueuedKernels(t *testing.T) {
 	requireGPU(t)
 	for _, algo := range ptx.Algorithms {
