@@ -22,6 +22,11 @@ func BenchmarkLaunch(b *testing.B) {
 	// The binding path, even if a probe in this process enabled the other one.
 	prev := streamLaunch.Swap(false)
 	b.Cleanup(func() { streamLaunch.Store(prev) })
+	launchLoop(b, s, f)
+}
+
+// launchLoop times Launch of the empty kernel f on s.
+func launchLoop(b *testing.B, s *Stream, f *Function) {
 	cfg := &LaunchConfig{Grid: [3]uint32{1, 1, 1}, Block: [3]uint32{1, 1, 1}}
 	args := new(Args)
 	b.ReportAllocs()
@@ -61,14 +66,5 @@ func BenchmarkLaunchStreamContext(b *testing.B) {
 	if err := ProbeStreamLaunch(s.ctx); err != nil {
 		b.Skip(err)
 	}
-	cfg := &LaunchConfig{Grid: [3]uint32{1, 1, 1}, Block: [3]uint32{1, 1, 1}}
-	args := new(Args)
-	b.ReportAllocs()
-	for b.Loop() {
-		if err := Launch(s, f, cfg, args); err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.StopTimer()
-	waitStream(b, s)
+	launchLoop(b, s, f)
 }

@@ -16,8 +16,9 @@ import (
 // calling thread. A launch, though, names its stream, and the stream its context: the drivers
 // measured here launch into the stream's context whatever is current on the thread (driver
 // 580, scripts/bench/launch.c's probe: with no context and with another context current, the
-// kernel ran on its stream). Not binding saves a second cgo call per launch, about 150 ns of
-// 3.2 us on an H200 VM (docs/benchmarks.md). Since the driver documentation does not promise
+// kernel ran on its stream). Not binding saves a second cgo call per launch: about 150 ns of
+// 3.2 us in the quieter of two runs on an H200 VM; the other was too noisy to show it
+// (docs/benchmarks.md). Since the driver documentation does not promise
 // it, ProbeStreamLaunch tests it once per process before Launch and LaunchEx rely on it.
 
 // streamLaunch is set once ProbeStreamLaunch has seen launches work without a current
