@@ -22,6 +22,12 @@ import (
 // a src registered with Register (with dst not overlapping it) is read in place; otherwise it
 // is first copied into this rank's staging buffer. Under Capture the pointers are exchanged
 // after capture instead.
+//
+// Outputs: when dst is visible to the peers too (registered, or any dst under Capture),
+// TwoShot writes every rank's share of the sum straight into every rank's dst: one barrier
+// and one pass over the data fewer. Registered buffers are matched across ranks by their
+// order of registration, so when one rank passes a registered src or dst, every rank must
+// pass its own counterpart, registered in the same order.
 func (c *Comm) AllReduce(stream *driver.Stream, dst, src driver.DevicePtr, count int, dt DType) error {
 	return c.AllReduceWith(stream, dst, src, count, dt, c.opts.Algorithm)
 }
@@ -39,8 +45,9 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 	if err != nil {
 		return err
 	}
+	direct := c.outputShared(dst, uint64(nbytes))
 	if algo == Auto {
-		algo = c.Selected(nbytes)
+		algo = c.selected(nbytes, direct)
 	}
 	switch algo {
 	case OneShot, TwoShot:
@@ -54,7 +61,7 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 	}
 	nvec := int(nbytes / ptx.VectorBytes)
 
-	var inputs driver.DevicePtr
+	var inputs, outputs driver.DevicePtr
 	var buf *[8 * ptx.MaxRanks]byte
 	var slot uint64
 	switch algo {
@@ -64,14 +71,20 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 		if inputs, err = c.pullInput(stream, dst, src, uint64(nbytes)); err != nil {
 			return err
 		}
+		if algo == TwoShot && direct {
+			if outputs, err = c.pullOutput(dst, uint64(nbytes)); err != nil {
+				return err
+			}
+		}
 		buf = &c.tmp
 	}
 
-	blocks := gridBlocks(algo, nvec, c.size, c.blocks, c.pushBlocks)
+	blocks, threads := launchShape(algo, nvec, c.size, c.blocks, c.pushBlocks, c.opts.ThreadsPerBlock)
 	ws8 := 8 * c.size
 	a := &c.args
 	a.Reset()
 	a.Ptr(inputs)
+	a.Ptr(outputs)
 	a.Ptr(dst)
 	a.U32(uint32(nvec))
 	a.U32(uint32(c.rank))
@@ -80,7 +93,7 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 	a.Bytes(c.sig[:ws8], 8)
 	a.Bytes(buf[:ws8], 8)
 	a.U64(slot)
-	c.cfg = driver.LaunchConfig{Grid: [3]uint32{uint32(blocks), 1, 1}, Block: [3]uint32{ptx.ThreadsPerBlock, 1, 1}}
+	c.cfg = driver.LaunchConfig{Grid: [3]uint32{uint32(blocks), 1, 1}, Block: [3]uint32{uint32(threads), 1, 1}}
 	fn := c.kernels.fn[algo][dt]
 	if c.pdl {
 		err = driver.LaunchEx(stream, fn, &c.cfg, a, true)
@@ -94,12 +107,40 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 }
 
 // Selected returns the algorithm that AllReduce picks for a message of nbytes: the forced
-// one (Options.Algorithm or GOCCL_ALGO) or the selection table's.
-func (c *Comm) Selected(nbytes int64) Algorithm {
+// one (Options.Algorithm or GOCCL_ALGO) or the selection table's. sharedOutput says whether
+// the call's dst is visible to the peers (registered with Register, or the call is captured
+// by Capture): TwoShot then writes straight into it, which moves its crossover with OneShot.
+func (c *Comm) Selected(nbytes int64, sharedOutput bool) Algorithm {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.selected(nbytes, sharedOutput)
+}
+
+func (c *Comm) selected(nbytes int64, sharedOutput bool) Algorithm {
 	if c.opts.Algorithm != Auto {
 		return c.opts.Algorithm
 	}
-	return selectAlgorithm(c.major, c.size, nbytes, c.opts.PushMaxBytes)
+	return selectAlgorithm(c.major, c.size, nbytes, c.opts.PushMaxBytes, sharedOutput)
+}
+
+// outputShared reports whether a pull kernel could write into the peers' dst of this call:
+// dst is registered (with room for nbytes), or the call is being captured (Capture exchanges
+// the outputs afterwards).
+func (c *Comm) outputShared(dst driver.DevicePtr, nbytes uint64) bool {
+	if c.capture != nil {
+		return true
+	}
+	reg, ok := c.registered[dst]
+	return ok && nbytes <= reg.bytes
+}
+
+// pullOutput returns the registration slot through which the direct TwoShot finds every
+// rank's dst (outputShared must hold).
+func (c *Comm) pullOutput(dst driver.DevicePtr, nbytes uint64) (driver.DevicePtr, error) {
+	if c.capture != nil {
+		return c.capture.share(c, dst, nbytes)
+	}
+	return c.table.addr(c.registered[dst].slot), nil
 }
 
 // pullInput returns the registration slot a pull kernel reads its inputs through.

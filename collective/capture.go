@@ -8,17 +8,18 @@ import (
 	"github.com/goccl/goccl/driver"
 )
 
-// captureState records the pull all-reduces issued while a graph is being captured. Their
-// peers' input pointers are not known during capture (a rank cannot talk to its peers from
-// inside a stream capture), so each gets an empty registration slot that Capture fills once
-// every rank has finished capturing.
+// captureState records the buffers of the pull all-reduces issued while a graph is being
+// captured. Their peers' pointers are not known during capture (a rank cannot talk to its
+// peers from inside a stream capture), so each shared buffer (an input read in place, or an
+// output the direct TwoShot writes into) gets an empty registration slot that Capture fills
+// once every rank has finished capturing.
 type captureState struct {
 	slots []int
-	srcs  []driver.DevicePtr
+	ptrs  []driver.DevicePtr
 	sizes []uint64
 }
 
-// record reserves a slot for one captured all-reduce and returns its address.
+// record returns the input slot of one captured all-reduce.
 func (cs *captureState) record(c *Comm, stream *driver.Stream, dst, src driver.DevicePtr, nbytes uint64) (driver.DevicePtr, error) {
 	if overlap(dst, src, nbytes) {
 		// In place: peers must not read a buffer this rank overwrites, so the graph copies
@@ -29,12 +30,18 @@ func (cs *captureState) record(c *Comm, stream *driver.Stream, dst, src driver.D
 		}
 		return c.table.addr(0), nil
 	}
+	return cs.share(c, src, nbytes)
+}
+
+// share reserves a slot for a buffer of one captured all-reduce, to be filled with every
+// rank's counterpart after capture, and returns the slot's address.
+func (cs *captureState) share(c *Comm, ptr driver.DevicePtr, nbytes uint64) (driver.DevicePtr, error) {
 	slot, err := c.table.reserve()
 	if err != nil {
 		return 0, err
 	}
 	cs.slots = append(cs.slots, slot)
-	cs.srcs = append(cs.srcs, src)
+	cs.ptrs = append(cs.ptrs, ptr)
 	cs.sizes = append(cs.sizes, nbytes)
 	return c.table.addr(slot), nil
 }
@@ -43,7 +50,8 @@ func (cs *captureState) record(c *Comm, stream *driver.Stream, dst, src driver.D
 // into a CUDA graph and returns it instantiated, ready to Launch on any stream of this device.
 // It is a collective call: every rank captures the same sequence of all-reduces (ranks of one
 // process call Capture from separate goroutines), and afterwards the ranks exchange their
-// input buffers, so those buffers must stay allocated while the graph is in use. Ranks that
+// input buffers (and the TwoShot outputs, which it writes into directly), so those buffers
+// must stay allocated while the graph is in use. Ranks that
 // recorded different numbers of all-reduces get an error, never a graph that reads wrong
 // memory. ctx bounds the exchange. The caller owns the returned graph (Close it).
 func (c *Comm) Capture(ctx context.Context, stream *driver.Stream, fn func() error) (*driver.GraphExec, error) {
@@ -79,7 +87,7 @@ func (c *Comm) Capture(ctx context.Context, stream *driver.Stream, fn func() err
 		// mismatch at once instead of waiting for this rank until ctx ends.
 		cs = &captureState{}
 	}
-	ptrs, err := c.exchange(ctx, cs.srcs, cs.sizes)
+	ptrs, err := c.exchange(ctx, cs.ptrs, cs.sizes)
 	if err == nil {
 		for i, slot := range cs.slots {
 			if err = c.table.write(slot, ptrs[i]); err != nil {

@@ -56,7 +56,7 @@ type Comm struct {
 	args driver.Args
 	cfg  driver.LaunchConfig
 
-	registered map[driver.DevicePtr]registration // src pointer -> slot, for zero-copy inputs
+	registered map[driver.DevicePtr]registration // buffer -> slot: zero-copy inputs, direct TwoShot outputs
 	capture    *captureState                     // non-nil while Capture records
 	closed     bool
 	failed     error // sticky asynchronous error
@@ -101,7 +101,7 @@ type rankFacts struct {
 	BlocksPerSM int64
 	Major       int64 // compute capability
 	// The options every rank must agree on.
-	Blocks, PushBlocks, MaxBytes, PushMaxBytes, Algorithm int64
+	Blocks, PushBlocks, ThreadsPerBlock, MaxBytes, PushMaxBytes, Algorithm int64
 }
 
 // rankInfo is what every rank tells the others at init.
@@ -296,7 +296,7 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	}
 	mine := rankInfo{rankFacts: rankFacts{PID: int64(os.Getpid()), Device: int64(ordinal), UUID: uuid,
 		SMs: int64(sms), BlocksPerSM: int64(c.kernels.maxBlocksPerSM), Major: int64(major),
-		Blocks: int64(c.opts.Blocks), PushBlocks: int64(c.opts.PushBlocks), MaxBytes: c.opts.MaxBytes,
+		Blocks: int64(c.opts.Blocks), PushBlocks: int64(c.opts.PushBlocks), ThreadsPerBlock: int64(c.opts.ThreadsPerBlock), MaxBytes: c.opts.MaxBytes,
 		PushMaxBytes: c.opts.PushMaxBytes, Algorithm: int64(c.opts.Algorithm)}, Arena: desc}
 	blob, err := mine.marshal()
 	if err != nil {
@@ -365,14 +365,14 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 // agree checks that every rank passed the same options: different grids or buffer sizes would
 // make the kernels wait for blocks that never come, or read past buffers.
 func (c *Comm) agree(infos []rankInfo) error {
-	type agreed struct{ Blocks, PushBlocks, MaxBytes, PushMaxBytes, Algorithm int64 }
+	type agreed struct{ Blocks, PushBlocks, ThreadsPerBlock, MaxBytes, PushMaxBytes, Algorithm int64 }
 	pick := func(f rankFacts) agreed {
-		return agreed{f.Blocks, f.PushBlocks, f.MaxBytes, f.PushMaxBytes, f.Algorithm}
+		return agreed{f.Blocks, f.PushBlocks, f.ThreadsPerBlock, f.MaxBytes, f.PushMaxBytes, f.Algorithm}
 	}
 	me := pick(infos[c.rank].rankFacts)
 	for r, ri := range infos {
 		if pick(ri.rankFacts) != me {
-			return invalid("rank %d was created with different options (Blocks, PushBlocks, MaxBytes, PushMaxBytes, Algorithm) than rank %d: all ranks must pass the same", r, c.rank)
+			return invalid("rank %d was created with different options (Blocks, PushBlocks, ThreadsPerBlock, MaxBytes, PushMaxBytes, Algorithm) than rank %d: all ranks must pass the same", r, c.rank)
 		}
 	}
 	return nil
@@ -450,7 +450,7 @@ func checkParams(worldSize int) error {
 	want := []struct {
 		name string
 		size int
-	}{{"p_inputs", 8}, {"p_out", 8}, {"p_nvec", 4}, {"p_rank", 4}, {"p_err", 8}, {"p_timeout", 8},
+	}{{"p_inputs", 8}, {"p_outputs", 8}, {"p_out", 8}, {"p_nvec", 4}, {"p_rank", 4}, {"p_err", 8}, {"p_timeout", 8},
 		{"p_sig", 8 * worldSize}, {"p_buf", 8 * worldSize}, {"p_slot", 8}}
 	got := ptx.Params(worldSize)
 	if len(got) != len(want) {

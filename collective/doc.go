@@ -21,14 +21,19 @@
 //   - OneShot: an entry barrier, every rank reads every input and reduces in rank order, an
 //     exit barrier. The fastest up to a few hundred KiB.
 //   - TwoShot: reduce-scatter into each rank's tmp buffer, then all-gather. Moves the least
-//     data: the choice for large messages.
+//     data: the choice for large messages. When the outputs are shared too (registered, or
+//     captured), each rank writes its reduced shard straight into every rank's output: two
+//     barriers instead of three and no tmp round trip ("direct").
 //
 // # Inputs and graphs
 //
 // OneShot and TwoShot read the peers' inputs directly, so the input must be in memory the
 // peers have mapped. An eager call copies src into the rank's staging buffer first. Register
-// shares a user buffer once so calls that read from it skip the copy. Capture records
-// all-reduces into a CUDA graph and exchanges the captured buffers afterwards.
+// shares a user buffer once so calls that read from it skip the copy (and TwoShot calls that
+// write into it write every rank's output directly). Capture records all-reduces into a CUDA
+// graph and exchanges the captured buffers afterwards. Registered buffers are matched across
+// ranks by registration order: a call that passes a registered buffer on one rank must pass
+// its counterpart on every rank.
 //
 // # Errors
 //

@@ -11,7 +11,6 @@ import (
 	"github.com/goccl/goccl/collective"
 	"github.com/goccl/goccl/driver"
 	"github.com/goccl/goccl/dtype"
-	"github.com/goccl/goccl/ptx"
 )
 
 const emptyKernelPTX = `
@@ -186,21 +185,39 @@ func (f *floor) forkJoinLayer(b *testing.B, fn *driver.Function, rank0 bool) {
 // 200 layers, each an event fork from stream 0 (rank 0's stream) to the other ranks' streams,
 // one bf16 all-reduce per rank (registered input, out of place) and a join back. Compare it
 // with BenchmarkGraphForkJoinFloor/fork-rank0, the same graph with empty kernels, and with
-// arsmoke -g, which replays one graph per rank instead.
+// arsmoke -g, which replays one graph per rank instead. Besides the three algorithms as the
+// reference runs them (output not shared), twoshot-direct registers the outputs too, and
+// push-512 fixes 512-thread blocks (Options.ThreadsPerBlock) instead of spreading small
+// messages over smaller ones.
 //
 // The graph executor does not promise to run the kernels of one layer at once; if it does
 // not, the barrier waits for a kernel queued behind it until the watchdog (50 ms here) fires,
 // and the benchmark fails saying so.
 func BenchmarkAllReduceForkJoin(b *testing.B) {
 	requireGPU(b)
+	type variant struct {
+		name           string
+		algo           collective.Algorithm
+		threads        int
+		registerOutput bool
+	}
+	variants := []variant{
+		{name: "oneshot", algo: collective.OneShot},
+		{name: "twoshot", algo: collective.TwoShot},
+		{name: "twoshot-direct", algo: collective.TwoShot, registerOutput: true},
+		{name: "push", algo: collective.Push},
+		{name: "push-512", algo: collective.Push, threads: 512},
+	}
 	for _, ws := range []int{2, 4, 8} {
-		for _, algo := range ptx.Algorithms {
+		for _, v := range variants {
 			for _, nbytes := range []int{16 << 10, 256 << 10, 1 << 20, 8 << 20} {
-				if algo == collective.Push && nbytes > 1<<20 {
+				if v.algo == collective.Push && nbytes > 1<<20 {
 					continue // Push is for small messages: its receive buffers grow with the size
 				}
-				b.Run(fmt.Sprintf("ws%d/%v/%s", ws, algo, sizeName(nbytes)), func(b *testing.B) {
-					benchForkJoin(b, ws, algo, nbytes)
+				b.Run(fmt.Sprintf("ws%d/%s/%s", ws, v.name, sizeName(nbytes)), func(b *testing.B) {
+					opts := collective.Options{Algorithm: v.algo, MaxBytes: int64(nbytes), PushMaxBytes: int64(nbytes),
+						ThreadsPerBlock: v.threads, Timeout: 50 * time.Millisecond}
+					benchForkJoin(b, ws, opts, nbytes, v.registerOutput)
 				})
 			}
 		}
@@ -214,12 +231,13 @@ func sizeName(n int) string {
 	return fmt.Sprintf("%dK", n>>10)
 }
 
-func benchForkJoin(b *testing.B, ws int, algo collective.Algorithm, nbytes int) {
-	g := newGroup(b, virtualRanks(ws), collective.Options{
-		Algorithm: algo, MaxBytes: int64(nbytes), PushMaxBytes: int64(nbytes), Timeout: 50 * time.Millisecond,
-	}, uint64(nbytes))
+func benchForkJoin(b *testing.B, ws int, opts collective.Options, nbytes int, registerOutput bool) {
+	g := newGroup(b, virtualRanks(ws), opts, uint64(nbytes))
 	g.parallel(func(rb *rankBufs) error {
-		return rb.comm.Register(context.Background(), rb.in, rb.capacity)
+		if err := rb.comm.Register(context.Background(), rb.in, rb.capacity); err != nil || !registerOutput {
+			return err
+		}
+		return rb.comm.Register(context.Background(), rb.out, rb.capacity)
 	})
 	c := g.ranks[0].comm.Context()
 	main := g.ranks[0].stream
@@ -242,7 +260,7 @@ func benchForkJoin(b *testing.B, ws int, algo collective.Algorithm, nbytes int) 
 			require.NoError(b, rb.stream.WaitEvent(fork))
 		}
 		for _, rb := range g.ranks {
-			require.NoError(b, rb.comm.AllReduceWith(rb.stream, rb.out, rb.in, count, dtype.BFloat16, algo))
+			require.NoError(b, rb.comm.AllReduce(rb.stream, rb.out, rb.in, count, dtype.BFloat16))
 		}
 		for r, rb := range g.ranks[1:] {
 			require.NoError(b, joins[r].Record(rb.stream))

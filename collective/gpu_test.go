@@ -193,8 +193,9 @@ func TestAllReduceVirtualRanks(t *testing.T) {
 	}
 }
 
-// TestAllReduceRegisteredAndGraph covers zero-copy registered inputs and graph capture with
-// deferred registration, then replays the graph on fresh data.
+// TestAllReduceRegisteredAndGraph covers zero-copy registered inputs, registered outputs (the
+// direct TwoShot) and graph capture with deferred registration (TwoShot direct there too),
+// then replays the graph on fresh data.
 func TestAllReduceRegisteredAndGraph(t *testing.T) {
 	requireGPU(t)
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -220,6 +221,22 @@ func TestAllReduceRegisteredAndGraph(t *testing.T) {
 					g.check(dt, want, false, "registered")
 				}
 
+				// Registered outputs too: TwoShot writes straight into every rank's output
+				// (direct), also in place, where the input goes through the staging buffer.
+				g.parallel(func(rb *rankBufs) error {
+					return rb.comm.Register(context.Background(), rb.out, rb.capacity)
+				})
+				for range 2 {
+					inputs := g.fill(rng, dt, nbytes, false)
+					want := twiceReduced(t, algo, dt, inputs)
+					for _, rb := range g.ranks {
+						require.NoError(t, rb.comm.AllReduce(rb.stream, rb.out, rb.in, nbytes/dt.Size(), dt))
+						require.NoError(t, rb.comm.AllReduce(rb.stream, rb.out, rb.out, nbytes/dt.Size(), dt))
+					}
+					g.syncAll(30 * time.Second)
+					g.check(dt, want, false, "registered input and output, then in place")
+				}
+
 				// Graph: two all-reduces per graph, one out of place, one in place.
 				graphs := make([]*driver.GraphExec, ws)
 				g.parallel(func(rb *rankBufs) error {
@@ -234,15 +251,7 @@ func TestAllReduceRegisteredAndGraph(t *testing.T) {
 				})
 				for replay := range 3 {
 					inputs := g.fill(rng, dt, nbytes, false)
-					once, err := reference(algo, dt, inputs)
-					require.NoError(t, err)
-					// The second all-reduce sums ws copies of the first result.
-					twice := make([][]byte, ws)
-					for r := range twice {
-						twice[r] = once
-					}
-					want, err := reference(algo, dt, twice)
-					require.NoError(t, err)
+					want := twiceReduced(t, algo, dt, inputs)
 					for r, rb := range g.ranks {
 						require.NoError(t, graphs[r].Launch(rb.stream))
 					}
@@ -255,6 +264,20 @@ func TestAllReduceRegisteredAndGraph(t *testing.T) {
 			})
 		}
 	}
+}
+
+// twiceReduced is the result of an all-reduce of inputs followed by an in-place all-reduce of
+// its result: ws copies of the first sum, summed.
+func twiceReduced(t *testing.T, algo collective.Algorithm, dt dtype.DType, inputs [][]byte) []byte {
+	once, err := reference(algo, dt, inputs)
+	require.NoError(t, err)
+	twice := make([][]byte, len(inputs))
+	for r := range twice {
+		twice[r] = once
+	}
+	want, err := reference(algo, dt, twice)
+	require.NoError(t, err)
+	return want
 }
 
 // parallel runs fn for every rank in its own goroutine: collective calls such as Register

@@ -62,6 +62,11 @@ type Options struct {
 	// PushBlocks is the fixed number of blocks of every Push launch (default
 	// DefaultPushBlocks), capped like Blocks.
 	PushBlocks int
+	// ThreadsPerBlock fixes the block size of every launch: a multiple of 32 in
+	// [MinThreadsPerBlock, 512]. The default (0) uses 512-thread blocks, except that Push
+	// spreads a message smaller than its grid over smaller blocks. (The block caps for ranks
+	// sharing a GPU assume 512 threads either way.)
+	ThreadsPerBlock int
 	// Timeout is how long a kernel waits for a peer before it gives up and records an error
 	// (default DefaultTimeout; negative: wait forever).
 	Timeout time.Duration
@@ -115,6 +120,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("%w: Blocks %d must be in [1, %d]", ErrInvalidArgument, o.Blocks, ptx.MaxBlocks)
 	case o.PushBlocks < 1 || o.PushBlocks > ptx.MaxBlocks:
 		return o, fmt.Errorf("%w: PushBlocks %d must be in [1, %d]", ErrInvalidArgument, o.PushBlocks, ptx.MaxBlocks)
+	case o.ThreadsPerBlock != 0 && (o.ThreadsPerBlock < MinThreadsPerBlock || o.ThreadsPerBlock > ptx.ThreadsPerBlock || o.ThreadsPerBlock%32 != 0):
+		return o, fmt.Errorf("%w: ThreadsPerBlock %d must be 0 (automatic) or a multiple of 32 in [%d, %d]", ErrInvalidArgument, o.ThreadsPerBlock, MinThreadsPerBlock, ptx.ThreadsPerBlock)
 	case o.Algorithm != Auto && o.Algorithm != OneShot && o.Algorithm != TwoShot && o.Algorithm != Push:
 		return o, fmt.Errorf("%w: unknown algorithm %d", ErrInvalidArgument, int(o.Algorithm))
 	case o.IPC != memory.LegacyIPC && o.IPC != memory.VMM:

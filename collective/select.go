@@ -4,28 +4,41 @@ import "github.com/goccl/goccl/ptx"
 
 // selectAlgorithm is the selection table: which algorithm is fastest for a message of bytes
 // among worldSize ranks on GPUs of compute capability major. Thresholds come from
-// measurements (docs/benchmarks.md); pushMax is the communicator's PushMaxBytes.
-func selectAlgorithm(major, worldSize int, bytes, pushMax int64) Algorithm {
+// measurements (docs/benchmarks.md); pushMax is the communicator's PushMaxBytes; direct says
+// that TwoShot can write straight into every rank's output (Comm.Selected).
+func selectAlgorithm(major, worldSize int, bytes, pushMax int64, direct bool) Algorithm {
 	// Push has no barrier: it wins while the message is small enough that writing it to
-	// every peer costs less than the two barrier round trips of OneShot.
+	// every peer costs less than the two barrier round trips of OneShot. With 8 virtual ranks
+	// on an H200 it won at 16 KiB and lost badly from 32 KiB on (eager and one graph per rank:
+	// 7.8 to 44 us against OneShot's 4.8 to 5.2).
 	pushLimit := int64(64 << 10)
-	if worldSize > 8 {
-		pushLimit = 32 << 10
+	if worldSize > 4 {
+		pushLimit = 16 << 10
 	}
 	if bytes <= min(pushLimit, pushMax) {
 		return Push
 	}
 	// OneShot reads worldSize times the message; TwoShot moves about twice the message but
-	// pays a third barrier. The crossover moves down as ranks are added.
+	// pays a third barrier, or, writing straight into the outputs (direct), moves each shard
+	// once in and once out with two barriers. The crossover moves down as ranks are added.
+	// Measured on an H200 with virtual ranks, one graph per rank (docs/benchmarks.md).
 	var oneShotLimit int64
 	switch {
 	case worldSize <= 2:
+		// direct: OneShot 4.80, TwoShot 4.99 us at 2 MiB; 6.74 and 6.25 at 4 MiB
 		oneShotLimit = 8 << 20
+		if direct {
+			oneShotLimit = 2 << 20
+		}
 	case worldSize <= 4:
-		// Measured at 4 virtual ranks on an H200: OneShot 12.9 us, TwoShot 13.2 us at 1 MiB;
-		// TwoShot ahead from 2 MiB (docs/benchmarks.md).
+		// OneShot 12.9 us, TwoShot 13.2 us at 1 MiB; TwoShot ahead from 2 MiB. Direct: OneShot
+		// 8.06, TwoShot 9.03 us at 2 MiB; 14.0 and 12.4 at 4 MiB.
 		oneShotLimit = 1 << 20
+		if direct {
+			oneShotLimit = 2 << 20
+		}
 	case worldSize <= 8:
+		// direct: OneShot 6.57, TwoShot 7.63 us at 256 KiB; 8.20 and 7.92 at 512 KiB
 		oneShotLimit = 256 << 10
 	default:
 		oneShotLimit = 128 << 10
@@ -40,22 +53,42 @@ func selectAlgorithm(major, worldSize int, bytes, pushMax int64) Algorithm {
 	return TwoShot
 }
 
-// gridBlocks is the block count of one launch: enough blocks for one vector per thread, at
-// most limit. Every rank computes the same value from the same arguments, which the per-block
-// barrier needs.
-func gridBlocks(algo Algorithm, nvec, worldSize, limit, pushBlocks int) int {
-	threads := nvec
-	switch algo {
-	case Push:
-		// The per-block epoch counters stay in step only if every push launch of the
-		// communicator uses the same grid.
-		return pushBlocks
-	case TwoShot:
-		// Both stages loop over the largest shard.
-		threads = nvec/worldSize + nvec%worldSize
+// MinThreadsPerBlock is the smallest block a launch uses when it spreads a small message.
+const MinThreadsPerBlock = 64
+
+// launchShape is the grid of one launch: blocks and threads per block. Every thread handles
+// one vector per loop iteration (of the largest shard for TwoShot).
+//
+// OneShot and TwoShot use blocks of ptx.ThreadsPerBlock threads, as many as the message
+// needs, at most limit. Push keeps its fixed pushBlocks (its epochs are per block) and, for a
+// message smaller than that grid, shrinks its blocks (to a multiple of 32, at least
+// MinThreadsPerBlock) so that the message is spread over all of them: a push thread runs a
+// few hundred instructions per vector at 8 ranks (send, the arrival test, the sum, the
+// re-arm), and 16 warps of it on one SM issue for longer than its memory accesses take. On an
+// H200 with 8 virtual ranks, 16 KiB went from 7.3 to 6.1 us; the pull kernels got no faster
+// (2 ranks slower: more blocks, a longer tail of barriers), so they keep full blocks.
+// fixed > 0 (Options.ThreadsPerBlock) sets the block size of every launch instead. Every
+// rank computes the same shape from the same arguments, which the per-block barrier and the
+// per-block push epochs need.
+func launchShape(algo Algorithm, nvec, worldSize, limit, pushBlocks, fixed int) (blocks, threads int) {
+	if algo == Push {
+		threads = fixed
+		if threads == 0 {
+			perBlock := (nvec + pushBlocks - 1) / pushBlocks
+			threads = min(ptx.ThreadsPerBlock, max(MinThreadsPerBlock, (perBlock+31)/32*32))
+		}
+		return pushBlocks, threads
 	}
-	blocks := (threads + ptx.ThreadsPerBlock - 1) / ptx.ThreadsPerBlock
-	return max(1, min(blocks, limit))
+	work := nvec
+	if algo == TwoShot {
+		// Both stages loop over the largest shard.
+		work = nvec/worldSize + nvec%worldSize
+	}
+	threads = fixed
+	if threads == 0 {
+		threads = ptx.ThreadsPerBlock
+	}
+	return max(1, min(limit, (work+threads-1)/threads)), threads
 }
 
 // blockCap is how many blocks each rank may launch so that the blocks of all ranks sharing

@@ -14,43 +14,74 @@ func TestSelectAlgorithm(t *testing.T) {
 	cases := []struct {
 		major, ws int
 		bytes     int64
+		direct    bool
 		want      Algorithm
 	}{
-		{9, 8, 1 << 10, Push},
-		{9, 8, 64 << 10, Push},
-		{9, 8, 64<<10 + 16, OneShot},
-		{9, 8, 256 << 10, OneShot},
-		{9, 8, 256<<10 + 16, TwoShot},
-		{9, 8, 8 << 20, TwoShot},
-		{9, 2, 8 << 20, OneShot},
-		{9, 4, 512 << 10, OneShot},
-		{9, 4, 1 << 20, OneShot},
-		{9, 4, 2 << 20, TwoShot},
-		{9, 16, 32 << 10, Push},
-		{9, 16, 64 << 10, OneShot},
-		{9, 16, 256 << 10, TwoShot},
-		{8, 8, 256 << 10, TwoShot}, // Ampere switches earlier
-		{8, 8, 128 << 10, OneShot},
+		{9, 8, 1 << 10, false, Push},
+		{9, 8, 16 << 10, false, Push},
+		{9, 8, 16<<10 + 16, false, OneShot},
+		{9, 8, 256 << 10, false, OneShot},
+		{9, 8, 256<<10 + 16, false, TwoShot},
+		{9, 8, 256<<10 + 16, true, TwoShot},
+		{9, 8, 8 << 20, false, TwoShot},
+		{9, 2, 64 << 10, false, Push},
+		{9, 2, 64<<10 + 16, false, OneShot},
+		{9, 2, 8 << 20, false, OneShot},
+		{9, 2, 2 << 20, true, OneShot},
+		{9, 2, 2<<20 + 16, true, TwoShot}, // writing straight into the outputs wins earlier
+		{9, 4, 64 << 10, false, Push},
+		{9, 4, 512 << 10, false, OneShot},
+		{9, 4, 1 << 20, false, OneShot},
+		{9, 4, 2 << 20, false, TwoShot},
+		{9, 4, 2 << 20, true, OneShot},
+		{9, 4, 4 << 20, true, TwoShot},
+		{9, 16, 16 << 10, false, Push},
+		{9, 16, 32 << 10, false, OneShot},
+		{9, 16, 256 << 10, false, TwoShot},
+		{8, 8, 256 << 10, false, TwoShot}, // Ampere switches earlier
+		{8, 8, 128 << 10, false, OneShot},
 	}
 	for _, c := range cases {
-		got := selectAlgorithm(c.major, c.ws, c.bytes, DefaultPushMaxBytes)
-		assert.Equal(t, c.want, got, "cc %d.x, ws %d, %d bytes", c.major, c.ws, c.bytes)
+		got := selectAlgorithm(c.major, c.ws, c.bytes, DefaultPushMaxBytes, c.direct)
+		assert.Equal(t, c.want, got, "cc %d.x, ws %d, %d bytes, direct %v", c.major, c.ws, c.bytes, c.direct)
 	}
 	// Push never exceeds the communicator's receive slots.
-	assert.Equal(t, OneShot, selectAlgorithm(9, 8, 32<<10, 16<<10))
+	assert.Equal(t, OneShot, selectAlgorithm(9, 8, 16<<10, 8<<10, false))
 }
 
-func TestGridBlocks(t *testing.T) {
-	// One vector per thread until the limit.
-	assert.Equal(t, 1, gridBlocks(OneShot, 1, 8, 36, 16))
-	assert.Equal(t, 2, gridBlocks(OneShot, 513, 8, 36, 16))
-	assert.Equal(t, 36, gridBlocks(OneShot, 1<<20, 8, 36, 16))
+func TestLaunchShape(t *testing.T) {
+	shape := func(algo Algorithm, nvec, limit, fixed int) [2]int {
+		b, th := launchShape(algo, nvec, 8, limit, 16, fixed)
+		return [2]int{b, th}
+	}
+	// Pull kernels: 512-thread blocks, one vector per thread, at most limit.
+	assert.Equal(t, [2]int{36, 512}, shape(OneShot, 1<<20, 36, 0))
+	assert.Equal(t, [2]int{36, 512}, shape(OneShot, 36*512, 36, 0))
+	assert.Equal(t, [2]int{16, 512}, shape(OneShot, 16384, 16, 0))
+	assert.Equal(t, [2]int{1, 512}, shape(OneShot, 1, 36, 0))
+	assert.Equal(t, [2]int{2, 512}, shape(OneShot, 513, 36, 0))
 	// TwoShot sizes the grid by the largest shard: 1000/8 + 1000%8 = 125 vectors.
-	assert.Equal(t, 1, gridBlocks(TwoShot, 1000, 8, 36, 16))
-	assert.Equal(t, 3, gridBlocks(TwoShot, 8*1100, 8, 36, 16))
-	// Push always uses the communicator's fixed grid.
-	assert.Equal(t, 16, gridBlocks(Push, 1, 8, 36, 16))
-	assert.Equal(t, 16, gridBlocks(Push, 1<<20, 8, 36, 16))
+	assert.Equal(t, [2]int{1, 512}, shape(TwoShot, 1000, 36, 0))
+	assert.Equal(t, [2]int{3, 512}, shape(TwoShot, 8*1100, 36, 0))
+	// Push always uses the communicator's fixed grid; a small message gets smaller blocks
+	// (at least 64 threads, a multiple of 32) so that it spreads over all of them.
+	assert.Equal(t, [2]int{16, 64}, shape(Push, 1, 36, 0))
+	assert.Equal(t, [2]int{16, 64}, shape(Push, 1024, 36, 0))
+	assert.Equal(t, [2]int{16, 96}, shape(Push, 16*70, 36, 0)) // 70 a block rounds up to 96
+	assert.Equal(t, [2]int{16, 512}, shape(Push, 16*512, 36, 0))
+	assert.Equal(t, [2]int{16, 512}, shape(Push, 1<<20, 36, 0))
+	// A fixed block size (Options.ThreadsPerBlock) is kept.
+	assert.Equal(t, [2]int{2, 512}, shape(OneShot, 1024, 16, 512))
+	assert.Equal(t, [2]int{16, 128}, shape(OneShot, 1<<20, 16, 128))
+	assert.Equal(t, [2]int{16, 512}, shape(Push, 1, 36, 512))
+	// Every shape is a legal launch: at least one block, a whole number of warps, enough
+	// threads for the barrier's lanes.
+	for nvec := 1; nvec < 1<<16; nvec = nvec*3 + 1 {
+		for _, algo := range []Algorithm{OneShot, TwoShot, Push} {
+			b, th := launchShape(algo, nvec, ptx.MaxRanks, 36, 16, 0)
+			assert.True(t, b >= 1 && b <= 36 && th%32 == 0 && th >= ptx.MaxRanks && th <= ptx.ThreadsPerBlock, "%v %d: %d x %d", algo, nvec, b, th)
+		}
+	}
 }
 
 func TestBlockCap(t *testing.T) {
@@ -83,6 +114,9 @@ func TestOptionsDefaultsAndValidation(t *testing.T) {
 		{MaxBytes: 4096, PushMaxBytes: 8192},
 		{Blocks: ptx.MaxBlocks + 1},
 		{PushBlocks: -1},
+		{ThreadsPerBlock: 32},
+		{ThreadsPerBlock: 100},
+		{ThreadsPerBlock: 1024},
 		{Algorithm: 42},
 		{MaxSlots: 1},
 	} {

@@ -5,8 +5,8 @@ package ptx
 
 // Launch shape.
 const (
-	// ThreadsPerBlock is the block size every kernel is launched with
-	// (the PTX says .maxntid 512, 1, 1).
+	// ThreadsPerBlock is the largest block a kernel is launched with (the
+	// PTX says .maxntid 512, 1, 1); launches may use fewer threads.
 	ThreadsPerBlock = 512
 	// MaxBlocks is the largest grid: the signal region has counters for 64
 	// blocks and no more.

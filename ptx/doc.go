@@ -19,12 +19,13 @@
 // shared pieces:
 //
 //	header, entry   .version 7.8 / .target / .address_size, and the .entry
-//	                signature (the same nine parameters for every kernel)
+//	                signature (the same ten parameters for every kernel)
 //	registers,      the registers every piece may use, the grid-stride mapping,
 //	prologue        griddepcontrol.wait on sm_90, "timeout 0 = forever"
 //	barrier         the two-phase counter barrier of the seed (lines ① to ⑥):
 //	                volatile flags for entry/exit, st.release.sys /
-//	                ld.acquire.sys for the two-shot middle barrier
+//	                ld.acquire.sys for the two-shot middle and delivered
+//	                barriers
 //	watchdog,       the tail of every spin loop: %globaltimer against
 //	record          p_timeout, then the error record claimed with
 //	                atom.global.cas.b32 (first writer wins)
@@ -32,8 +33,8 @@
 //	slotcheck       for an unfilled (nil) slot
 //	loads,          the 16-byte vector path: all ws ld.global.v4.b32 first,
 //	accumulate,     then widening to f32 and add.rn.f32 in a fixed order, then
-//	store           one rounding (cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32)
-//	zerolanes       the all-zero-element test of the push protocol
+//	pack, store     one rounding (cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32)
+//	zerolanes       the all-zero-element marking of the push protocol
 //
 // oneshot.ptx.tmpl, twoshot.ptx.tmpl and push.ptx.tmpl each define one
 // kernel from these pieces. A piece that needs temporaries or labels opens a
@@ -59,9 +60,12 @@
 //     accesses);
 //   - one-shot: p_out must not be a buffer the peers read, i.e. not this
 //     rank's registered input (a peer may still be reading element i when this
-//     rank writes its sum there). Two-shot and push may run in place: every
-//     element of the input is dead once the block that writes it passed the
-//     middle barrier (two-shot), or is never read by a peer (push);
+//     rank writes its sum there). Two-shot and push may run in place (p_out
+//     exactly the own input; for direct two-shot every rank's output exactly
+//     its input): every element of the input is dead once the block that
+//     writes it passed the middle barrier (two-shot), is read and then written
+//     by the same thread and by no other (direct two-shot), or is never read
+//     by a peer (push);
 //   - two-shot: each tmp buffer holds part + nvec%ws vectors
 //     (part = nvec/ws);
 //   - push: receive buffers hold 2*ws slots of p_slot >= nvec*16 bytes and

@@ -23,11 +23,12 @@ type Param struct {
 // caller owns the returned slice.
 func Params(worldSize int) []Param {
 	return []Param{
-		{"p_inputs", 8, 8}, // oneshot/twoshot: table of ws input pointers; push: own input
-		{"p_out", 8, 8},    // own output (in place: see the package doc)
-		{"p_nvec", 4, 4},   // number of 16-byte vectors
-		{"p_rank", 4, 4},   // this rank
-		{"p_err", 8, 8},    // own error record (host-mapped)
+		{"p_inputs", 8, 8},  // oneshot/twoshot: table of ws input pointers; push: own input
+		{"p_outputs", 8, 8}, // twoshot: table of ws output pointers (direct), or 0
+		{"p_out", 8, 8},     // own output (in place: see the package doc)
+		{"p_nvec", 4, 4},    // number of 16-byte vectors
+		{"p_rank", 4, 4},    // this rank
+		{"p_err", 8, 8},     // own error record (host-mapped)
 		{"p_timeout", 8, 8},
 		{"p_sig", 8 * worldSize, 8}, // every rank's signal region
 		{"p_buf", 8 * worldSize, 8}, // twoshot: tmp buffers; push: receive buffers

@@ -73,6 +73,7 @@ var parsedTemplates = sync.OnceValues(func() (*template.Template, error) {
 	t, err := template.New("ptx").Funcs(template.FuncMap{
 		"add":  func(a, b int) int { return a + b },
 		"mul":  func(a, b int) int { return a * b },
+		"shl":  func(a, b int) int { return a << b },
 		"args": args,
 	}).ParseFS(templateFS, "templates/*.ptx.tmpl")
 	if err != nil {
@@ -109,9 +110,9 @@ type kernel struct {
 	Rotated bool  // inputs taken in the order rank, rank+1, ... (two-shot)
 	Elems   int   // elements per 16-byte vector
 	// LaneMask has the non-sign bits of every element of a 32-bit word set,
-	// SignMask the sign bits.
-	LaneMask, SignMask string
-	ABI                abiConsts
+	// SignMask the sign bits, LowOnes the lowest bit of every element.
+	LaneMask, SignMask, LowOnes string
+	ABI                         abiConsts
 }
 
 // abiConsts hands the Go constants of abi.go to the templates, so the
@@ -149,11 +150,19 @@ func newKernel(s Spec) *kernel {
 		k.Ranks = append(k.Ranks, r)
 	}
 	if s.DType.Size() == 4 {
-		k.LaneMask, k.SignMask = "0x7FFFFFFF", "0x80000000"
+		k.LaneMask, k.SignMask, k.LowOnes = "0x7FFFFFFF", "0x80000000", "0x00000001"
 	} else {
-		k.LaneMask, k.SignMask = "0x7FFF7FFF", "0x80008000"
+		k.LaneMask, k.SignMask, k.LowOnes = "0x7FFF7FFF", "0x80008000", "0x00010001"
 	}
 	return k
+}
+
+// Packed is the register list of a rounded vector, as the "pack" piece leaves it.
+func (k *kernel) Packed() string {
+	if k.DType == "f32" {
+		return "{%acc0, %acc1, %acc2, %acc3}"
+	}
+	return "{%o0, %o1, %o2, %o3}"
 }
 
 // Words lists the four 32-bit words of a vector.
@@ -179,7 +188,7 @@ func (v vecRef) Word(w int) string { return fmt.Sprintf("%%v%d", 4*v.R+w) }
 // First reports whether the vector is the first term of the sum.
 func (v vecRef) First() bool { return v.R == 0 }
 
-// barrier is one of the three barriers of docs/kernel-abi.md.
+// barrier is one of the four barriers of docs/kernel-abi.md.
 type barrier struct {
 	*kernel
 	Name  string
@@ -192,7 +201,7 @@ type barrier struct {
 	Chained bool
 }
 
-// Barrier returns the entry, middle or exit barrier.
+// Barrier returns the entry, middle, exit or delivered barrier.
 func (k *kernel) Barrier(name string) (barrier, error) {
 	switch name {
 	case "entry":
@@ -201,6 +210,10 @@ func (k *kernel) Barrier(name string) (barrier, error) {
 		return barrier{kernel: k, Name: name, Phase: PhaseMiddle, Pre: true, Post: true, Acquire: true, Chained: true}, nil
 	case "exit":
 		return barrier{kernel: k, Name: name, Phase: PhaseExit, Pre: true, Chained: true}, nil
+	case "delivered":
+		// the direct two-shot's exit: its shards were written into the peers' outputs by this
+		// kernel, so the flags carry them (release/acquire), like the middle barrier's
+		return barrier{kernel: k, Name: name, Phase: PhaseExit, Pre: true, Acquire: true, Chained: true}, nil
 	}
 	return barrier{}, fmt.Errorf("unknown barrier %q", name)
 }

@@ -70,16 +70,16 @@ func TestEntrySignature(t *testing.T) {
 
 func TestParams(t *testing.T) {
 	p := Params(8)
-	require.Len(t, p, 9)
+	require.Len(t, p, 10)
 	var names []string
 	for _, q := range p {
 		names = append(names, q.Name)
 		assert.Zero(t, q.Size%q.Align, "%s: size is a multiple of its alignment", q.Name)
 	}
-	assert.Equal(t, []string{"p_inputs", "p_out", "p_nvec", "p_rank", "p_err", "p_timeout", "p_sig", "p_buf", "p_slot"}, names)
-	assert.Equal(t, Param{"p_sig", 64, 8}, p[6])
-	assert.Equal(t, Param{"p_buf", 24, 8}, Params(3)[7])
-	assert.Equal(t, Param{"p_nvec", 4, 4}, p[2])
+	assert.Equal(t, []string{"p_inputs", "p_outputs", "p_out", "p_nvec", "p_rank", "p_err", "p_timeout", "p_sig", "p_buf", "p_slot"}, names)
+	assert.Equal(t, Param{"p_sig", 64, 8}, p[7])
+	assert.Equal(t, Param{"p_buf", 24, 8}, Params(3)[8])
+	assert.Equal(t, Param{"p_nvec", 4, 4}, p[3])
 }
 
 func TestParseEntryParams(t *testing.T) {
@@ -169,8 +169,8 @@ func TestArithmetic(t *testing.T) {
 }
 
 // TestMemoryOrder checks the flag rule of docs/kernel-abi.md in the text:
-// release/acquire only in the two-shot middle barrier, volatile flags
-// elsewhere, volatile data only in push.
+// release/acquire only in the two-shot middle barrier and its direct path's
+// delivered barrier, volatile flags elsewhere, volatile data only in push.
 func TestMemoryOrder(t *testing.T) {
 	for _, s := range allSpecs() {
 		text := code(generate(t, s))
@@ -184,8 +184,8 @@ func TestMemoryOrder(t *testing.T) {
 		case OneShot: // entry (no ①) and exit (no ⑥) barriers
 			assert.Equal(t, [5]int{0, 0, 2, 1, 1}, [5]int{release, acquire, volatileFlags, barSync, barRed}, name)
 			assert.False(t, has(text, "ld.volatile.global.v4"), name)
-		case TwoShot: // entry and middle barriers
-			assert.Equal(t, [5]int{1, 1, 1, 1, 2}, [5]int{release, acquire, volatileFlags, barSync, barRed}, name)
+		case TwoShot: // entry barrier, then the middle one (tmp) or the delivered one (direct, no ⑥)
+			assert.Equal(t, [5]int{2, 2, 1, 2, 2}, [5]int{release, acquire, volatileFlags, barSync, barRed}, name)
 			assert.False(t, has(text, "ld.volatile.global.v4"), name)
 		case Push: // no barrier; data polled with volatile loads
 			assert.Equal(t, [5]int{0, 0, 0, 0, 1}, [5]int{release, acquire, volatileFlags, barSync, barRed}, name)
@@ -196,7 +196,11 @@ func TestMemoryOrder(t *testing.T) {
 		// the round the lane holds, and every barrier stores its round back
 		if s.Algo != Push {
 			assert.Equal(t, 1, strings.Count(text, "ld.global.u32 %round,"), name)
-			assert.Equal(t, 2, strings.Count(text, "add.u32 %round, %round, 1;"), name)
+			barriers := 2
+			if s.Algo == TwoShot {
+				barriers = 3 // the middle and the delivered barrier are alternatives
+			}
+			assert.Equal(t, barriers, strings.Count(text, "add.u32 %round, %round, 1;"), name)
 		}
 		// every spin loop has a watchdog, every watchdog can claim the record, and every one
 		// gives up early once the record is set
@@ -258,6 +262,30 @@ func TestZeroLanes(t *testing.T) {
 			want = 0x80000000
 		}
 		assert.Equal(t, want, zerolanes(w, lane, sign), "word %#08x", w)
+	}
+}
+
+// TestAnyZero checks the test of the "missing" piece: (w - low) & ^w, masked with the sign
+// bits, is non-zero exactly when some element of the word is all-zero bits.
+func TestAnyZero(t *testing.T) {
+	anyZero := func(k *kernel, w uint32) bool {
+		var low, sign uint32
+		_, err := fmt.Sscanf(k.LowOnes+" "+k.SignMask, "0x%x 0x%x", &low, &sign)
+		require.NoError(t, err)
+		return (w-low)&^w&sign != 0
+	}
+	half := newKernel(Spec{Push, dtype.BFloat16, 2, SM80})
+	for lo := range uint32(1 << 16) {
+		for _, hi := range []uint32{0, 1, 0x7fff, 0x8000, 0x8001, 0xffff, lo} {
+			w := hi<<16 | lo
+			if got, want := anyZero(half, w), lo == 0 || hi == 0; got != want {
+				t.Fatalf("word %#08x: any-zero test gives %v, want %v", w, got, want)
+			}
+		}
+	}
+	full := newKernel(Spec{Push, dtype.Float32, 2, SM80})
+	for _, w := range []uint32{0, 1, 0x80000000, 0x7fffffff, 0xffffffff, 0x00010000, 0x3f800000} {
+		assert.Equal(t, w == 0, anyZero(full, w), "word %#08x", w)
 	}
 }
 
@@ -336,5 +364,5 @@ func TestABILayout(t *testing.T) {
 	assert.True(t, bytes.Contains(two, []byte(fmt.Sprintf("mul.lo.u32 %%k, %%k, %d;", MaxBlocks*MaxRanks))))
 	push := generate(t, Spec{Push, dtype.Float32, 4, SM80})
 	assert.True(t, bytes.Contains(push, []byte(fmt.Sprintf("[%%ep+%d]", PushEpochOffset))))
-	assert.True(t, bytes.Contains(push, []byte(fmt.Sprintf("[%%err+12], 3;\n\tst.global.u32 [%%err+16], %d;", PhasePush))))
+	assert.True(t, bytes.Contains(push, []byte(fmt.Sprintf("[%%err+12], %%peer;\n\tst.global.u32 [%%err+16], %d;", PhasePush))))
 }

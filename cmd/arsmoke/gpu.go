@@ -104,10 +104,16 @@ func newGPUEngine(ctx context.Context, cfg engineConfig) (_ *gpuEngine, err erro
 			return nil, fmt.Errorf("rank %d: %w", c.Rank(), err)
 		}
 	}
-	// Inputs are registered once, so out-of-place pull all-reduces read them in place (zero
-	// copy); in place they go through the staging buffer, as in an application.
-	if err := e.parallel(func(r *engineRank) error { return r.comm.Register(bctx, r.in, uint64(opts.MaxBytes)) }); err != nil {
-		return nil, fmt.Errorf("register the input buffers: %w", err)
+	// Inputs and outputs are registered once, so out-of-place pull all-reduces read the
+	// inputs in place (zero copy; in place they go through the staging buffer, as in an
+	// application) and TwoShot writes straight into every rank's output.
+	if err := e.parallel(func(r *engineRank) error {
+		if err := r.comm.Register(bctx, r.in, uint64(opts.MaxBytes)); err != nil {
+			return err
+		}
+		return r.comm.Register(bctx, r.out, uint64(opts.MaxBytes))
+	}); err != nil {
+		return nil, fmt.Errorf("register the input and output buffers: %w", err)
 	}
 	return e, e.describe()
 }
@@ -247,7 +253,8 @@ func boolBit(b bool) uint64 {
 // reference of the algorithm the communicator chose (and hence from each other).
 func (e *gpuEngine) compare(c Case, algo collective.Algorithm, inputs [][]byte, m *Measurement) error {
 	if algo == collective.Auto {
-		algo = e.ranks[0].comm.Selected(c.Bytes)
+		// both buffers are registered (and a graph shares its outputs anyway)
+		algo = e.ranks[0].comm.Selected(c.Bytes, true)
 	}
 	var want []byte
 	var err error
