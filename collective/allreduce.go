@@ -19,9 +19,9 @@ import (
 // by Err and by every later call.
 //
 // Inputs: Push reads src directly. OneShot and TwoShot need src to be visible to the peers:
-// a src registered with Register (with dst not overlapping it) is read in place; otherwise it
-// is first copied into this rank's staging buffer. Under Capture the pointers are exchanged
-// after capture instead.
+// a src registered with Register is read in place (OneShot: if dst does not overlap it;
+// TwoShot: also if dst == src); otherwise it is first copied into this rank's staging buffer.
+// Under Capture the pointers are exchanged after capture instead.
 //
 // Outputs: when dst is visible to the peers too (registered, or any dst under Capture),
 // TwoShot writes every rank's share of the sum straight into every rank's dst: one barrier
@@ -68,7 +68,7 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 	case Push:
 		inputs, buf, slot = src, &c.recv, c.layout.recvSlot
 	default:
-		if inputs, err = c.pullInput(stream, dst, src, uint64(nbytes)); err != nil {
+		if inputs, err = c.pullInput(stream, algo, dst, src, uint64(nbytes)); err != nil {
 			return err
 		}
 		if algo == TwoShot && direct {
@@ -144,13 +144,11 @@ func (c *Comm) pullOutput(dst driver.DevicePtr, nbytes uint64) (driver.DevicePtr
 }
 
 // pullInput returns the registration slot a pull kernel reads its inputs through.
-func (c *Comm) pullInput(stream *driver.Stream, dst, src driver.DevicePtr, nbytes uint64) (driver.DevicePtr, error) {
+func (c *Comm) pullInput(stream *driver.Stream, algo Algorithm, dst, src driver.DevicePtr, nbytes uint64) (driver.DevicePtr, error) {
 	if c.capture != nil {
-		return c.capture.record(c, stream, dst, src, nbytes)
+		return c.capture.record(c, stream, algo, dst, src, nbytes)
 	}
-	// In place, a rank would overwrite its input while slower peers still read it: read a
-	// registered buffer directly only when the output lies elsewhere.
-	if reg, ok := c.registered[src]; ok && nbytes <= reg.bytes && !overlap(dst, src, nbytes) {
+	if reg, ok := c.registered[src]; ok && nbytes <= reg.bytes && readsInPlace(algo, dst, src, nbytes) {
 		return c.table.addr(reg.slot), nil
 	}
 	staging := c.peers[c.rank].Ptr() + driver.DevicePtr(c.layout.staging)
@@ -158,6 +156,16 @@ func (c *Comm) pullInput(stream *driver.Stream, dst, src driver.DevicePtr, nbyte
 		return 0, fmt.Errorf("collective: rank %d: copy input to staging: %w", c.rank, err)
 	}
 	return c.table.addr(0), nil
+}
+
+// readsInPlace reports whether the peers may read src itself rather than a staging copy.
+// Out of place, always. In place, OneShot would overwrite element i while slower peers still
+// read it; TwoShot reads and writes each element of a shard in the same thread (direct) or
+// writes its output only after the middle barrier, when no peer reads the inputs any more,
+// so an exact in-place TwoShot is safe (a partial overlap is not: it would shift elements
+// between threads).
+func readsInPlace(algo Algorithm, dst, src driver.DevicePtr, nbytes uint64) bool {
+	return !overlap(dst, src, nbytes) || (algo == TwoShot && dst == src)
 }
 
 func overlap(a, b driver.DevicePtr, n uint64) bool {

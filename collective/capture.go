@@ -20,8 +20,8 @@ type captureState struct {
 }
 
 // record returns the input slot of one captured all-reduce.
-func (cs *captureState) record(c *Comm, stream *driver.Stream, dst, src driver.DevicePtr, nbytes uint64) (driver.DevicePtr, error) {
-	if overlap(dst, src, nbytes) {
+func (cs *captureState) record(c *Comm, stream *driver.Stream, algo Algorithm, dst, src driver.DevicePtr, nbytes uint64) (driver.DevicePtr, error) {
+	if !readsInPlace(algo, dst, src, nbytes) {
 		// In place: peers must not read a buffer this rank overwrites, so the graph copies
 		// the input into the staging buffer, as an eager call does.
 		staging := c.peers[c.rank].Ptr() + driver.DevicePtr(c.layout.staging)
