@@ -45,7 +45,7 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 	if err != nil {
 		return err
 	}
-	direct := c.outputShared(dst, uint64(nbytes))
+	outReg, direct := c.sharedOutput(dst, uint64(nbytes))
 	if algo == Auto {
 		algo = c.selected(nbytes, direct)
 	}
@@ -72,7 +72,7 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 			return err
 		}
 		if algo == TwoShot && direct {
-			if outputs, err = c.pullOutput(dst, uint64(nbytes)); err != nil {
+			if outputs, err = c.pullOutput(dst, uint64(nbytes), outReg); err != nil {
 				return err
 			}
 		}
@@ -123,24 +123,24 @@ func (c *Comm) selected(nbytes int64, sharedOutput bool) Algorithm {
 	return selectAlgorithm(c.major, c.size, nbytes, c.opts.PushMaxBytes, sharedOutput)
 }
 
-// outputShared reports whether a pull kernel could write into the peers' dst of this call:
-// dst is registered (with room for nbytes), or the call is being captured (Capture exchanges
-// the outputs afterwards).
-func (c *Comm) outputShared(dst driver.DevicePtr, nbytes uint64) bool {
+// sharedOutput reports whether a pull kernel could write into the peers' dst of this call:
+// dst is registered (with room for nbytes; reg is its registration), or the call is being
+// captured (Capture exchanges the outputs afterwards).
+func (c *Comm) sharedOutput(dst driver.DevicePtr, nbytes uint64) (reg registration, ok bool) {
 	if c.capture != nil {
-		return true
+		return registration{}, true
 	}
-	reg, ok := c.registered[dst]
-	return ok && nbytes <= reg.bytes
+	reg, ok = c.registered[dst]
+	return reg, ok && nbytes <= reg.bytes
 }
 
 // pullOutput returns the registration slot through which the direct TwoShot finds every
-// rank's dst (outputShared must hold).
-func (c *Comm) pullOutput(dst driver.DevicePtr, nbytes uint64) (driver.DevicePtr, error) {
+// rank's dst; reg is what sharedOutput returned.
+func (c *Comm) pullOutput(dst driver.DevicePtr, nbytes uint64, reg registration) (driver.DevicePtr, error) {
 	if c.capture != nil {
 		return c.capture.share(c, dst, nbytes)
 	}
-	return c.table.addr(c.registered[dst].slot), nil
+	return c.table.addr(reg.slot), nil
 }
 
 // pullInput returns the registration slot a pull kernel reads its inputs through.

@@ -29,8 +29,9 @@
 //	watchdog,       the tail of every spin loop: %globaltimer against
 //	record          p_timeout, then the error record claimed with
 //	                atom.global.cas.b32 (first writer wins)
-//	inputs,         the registration table of input pointers and the check
-//	slotcheck       for an unfilled (nil) slot
+//	inputs,         a registration table of pointers (inputs; the direct
+//	pointers,       two-shot's outputs) and the check for an unfilled (nil)
+//	slotcheck       slot
 //	loads,          the 16-byte vector path: all ws ld.global.v4.b32 first,
 //	accumulate,     then widening to f32 and add.rn.f32 in a fixed order, then
 //	pack, store     one rounding (cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32)

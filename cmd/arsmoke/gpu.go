@@ -64,7 +64,8 @@ type engineRank struct {
 	comm       *collective.Comm
 	stream     *driver.Stream
 	in, out    driver.DevicePtr
-	start, end *driver.Event // timing on the rank's own stream
+	start, end *driver.Event     // timing on the rank's own stream
+	graph      *driver.GraphExec // timeGraph's capture, closed when it returns
 }
 
 func newGPUEngine(ctx context.Context, cfg engineConfig) (_ *gpuEngine, err error) {
@@ -104,9 +105,9 @@ func newGPUEngine(ctx context.Context, cfg engineConfig) (_ *gpuEngine, err erro
 			return nil, fmt.Errorf("rank %d: %w", c.Rank(), err)
 		}
 	}
-	// Inputs and outputs are registered once, so out-of-place pull all-reduces read the
-	// inputs in place (zero copy; in place they go through the staging buffer, as in an
-	// application) and TwoShot writes straight into every rank's output.
+	// Inputs and outputs are registered once, so pull all-reduces read the inputs in place
+	// (zero copy; in place, OneShot goes through the staging buffer, as in an application) and
+	// TwoShot writes straight into every rank's output.
 	if err := e.parallel(func(r *engineRank) error {
 		if err := r.comm.Register(bctx, r.in, uint64(opts.MaxBytes)); err != nil {
 			return err
@@ -347,11 +348,11 @@ func (e *gpuEngine) timeEager(ctx context.Context, algo collective.Algorithm, c 
 // did not run the ranks' kernels of one layer at once, and the barrier waited for kernels
 // that were queued behind it (seen on an H200, 2026-12-02).
 func (e *gpuEngine) timeGraph(ctx context.Context, algo collective.Algorithm, c Case, count int) (time.Duration, error) {
-	graphs := make([]*driver.GraphExec, len(e.ranks))
 	defer func() {
-		for _, g := range graphs {
-			if g != nil {
-				g.Close()
+		for _, r := range e.ranks {
+			if r.graph != nil {
+				r.graph.Close()
+				r.graph = nil
 			}
 		}
 	}()
@@ -360,7 +361,8 @@ func (e *gpuEngine) timeGraph(ctx context.Context, algo collective.Algorithm, c 
 		if c.InPlace {
 			dst = r.in
 		}
-		g, err := r.comm.Capture(ctx, r.stream, func() error {
+		var err error
+		r.graph, err = r.comm.Capture(ctx, r.stream, func() error {
 			for range c.Iters {
 				if err := r.comm.AllReduceWith(r.stream, dst, r.in, count, c.DType, algo); err != nil {
 					return err
@@ -368,7 +370,6 @@ func (e *gpuEngine) timeGraph(ctx context.Context, algo collective.Algorithm, c 
 			}
 			return nil
 		})
-		graphs[e.rankIndex(r)] = g
 		return err
 	})
 	if err != nil {
@@ -377,13 +378,12 @@ func (e *gpuEngine) timeGraph(ctx context.Context, algo collective.Algorithm, c 
 	// Warm-up replays, then one timed replay per rank, each rank from its own goroutine.
 	replay := func(timed bool) error {
 		return e.parallel(func(r *engineRank) error {
-			g := graphs[e.rankIndex(r)]
 			if timed {
 				if err := r.start.Record(r.stream); err != nil {
 					return err
 				}
 			}
-			if err := g.Launch(r.stream); err != nil {
+			if err := r.graph.Launch(r.stream); err != nil {
 				return err
 			}
 			if timed {
@@ -420,16 +420,6 @@ func (e *gpuEngine) slowest(n int) (time.Duration, error) {
 		slowest = max(slowest, d)
 	}
 	return slowest / time.Duration(n), nil
-}
-
-// rankIndex is r's index in e.ranks.
-func (e *gpuEngine) rankIndex(r *engineRank) int {
-	for i, x := range e.ranks {
-		if x == r {
-			return i
-		}
-	}
-	return -1
 }
 
 // wait waits for every stream, bounded by the watchdog timeout plus slack, and reports a
