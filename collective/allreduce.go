@@ -94,7 +94,7 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 	a.Bytes(buf[:ws8], 8)
 	a.U64(slot)
 	c.cfg = driver.LaunchConfig{Grid: [3]uint32{uint32(blocks), 1, 1}, Block: [3]uint32{uint32(threads), 1, 1}}
-	fn := c.kernels.fn[algo][dt]
+	fn := c.kernels.fn[c.scope][algo][dt]
 	if c.pdl {
 		err = driver.LaunchEx(stream, fn, &c.cfg, a, true)
 	} else {
@@ -120,7 +120,7 @@ func (c *Comm) selected(nbytes int64, sharedOutput bool) Algorithm {
 	if c.opts.Algorithm != Auto {
 		return c.opts.Algorithm
 	}
-	return selectAlgorithm(c.major, c.size, nbytes, c.opts.PushMaxBytes, sharedOutput)
+	return selectAlgorithm(c.major, c.size, nbytes, c.opts.PushMaxBytes, sharedOutput, c.scope == ptx.ScopeGPU)
 }
 
 // sharedOutput reports whether a pull kernel could write into the peers' dst of this call:

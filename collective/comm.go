@@ -33,11 +33,12 @@ type Comm struct {
 	opts       Options
 	major      int // compute capability of this rank's GPU
 	kernels    *kernelSet
-	pdl        bool // launch with programmatic dependent launch
-	blocks     int  // block limit of OneShot and TwoShot
-	pushBlocks int  // block count of every Push launch
-	allLocal   bool // every rank lives in this process
-	sharedGPU  bool // some ranks of this process share a GPU (virtual ranks)
+	scope      ptx.Scope // of the release/acquire barriers: ScopeGPU when every rank is on this GPU
+	pdl        bool      // launch with programmatic dependent launch
+	blocks     int       // block limit of OneShot and TwoShot
+	pushBlocks int       // block count of every Push launch
+	allLocal   bool      // every rank lives in this process
+	sharedGPU  bool      // some ranks of this process share a GPU (virtual ranks)
 
 	layout  arenaLayout
 	arena   *memory.Buffer
@@ -334,6 +335,17 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	}
 	maxOnGPU := ranksPerGPU(infos)
 	c.sharedGPU = c.allLocal && maxOnGPU > 1
+	if maxOnGPU == c.size && !c.opts.SystemScope {
+		// Every rank runs on this GPU (virtual ranks, or processes sharing it): GPU-scope
+		// release/acquire is enough, and cheaper (ptx.ScopeGPU).
+		ok, err := c.kernels.useScope(ptx.ScopeGPU)
+		if err != nil {
+			return err
+		}
+		if ok {
+			c.scope = ptx.ScopeGPU
+		}
+	}
 	c.blocks = blockCap(c.opts.Blocks, smsOnGPU, blocksPerSM, maxOnGPU)
 	c.pushBlocks = blockCap(c.opts.PushBlocks, smsOnGPU, blocksPerSM, maxOnGPU)
 	// PDL lets the next kernel start early; with several ranks on one GPU its blocks could

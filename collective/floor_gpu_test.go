@@ -187,8 +187,9 @@ func (f *floor) forkJoinLayer(b *testing.B, fn *driver.Function, rank0 bool) {
 // with BenchmarkGraphForkJoinFloor/fork-rank0, the same graph with empty kernels, and with
 // arsmoke -g, which replays one graph per rank instead. Besides the three algorithms as the
 // reference runs them (output not shared), twoshot-direct registers the outputs too, and
-// push-512 fixes 512-thread blocks (Options.ThreadsPerBlock) instead of spreading small
-// messages over smaller ones.
+// twoshot-direct-512 fixes 512-thread blocks (Options.ThreadsPerBlock) where the default
+// spreads a small shard over smaller ones; push-8blocks and push-32blocks change push's fixed
+// grid (Options.PushBlocks, default 16).
 //
 // The graph executor does not promise to run the kernels of one layer at once; if it does
 // not, the barrier waits for a kernel queued behind it until the watchdog (50 ms here) fires,
@@ -199,24 +200,28 @@ func BenchmarkAllReduceForkJoin(b *testing.B) {
 		name           string
 		algo           collective.Algorithm
 		threads        int
+		pushBlocks     int
 		registerOutput bool
 	}
 	variants := []variant{
 		{name: "oneshot", algo: collective.OneShot},
 		{name: "twoshot", algo: collective.TwoShot},
 		{name: "twoshot-direct", algo: collective.TwoShot, registerOutput: true},
+		{name: "twoshot-direct-512", algo: collective.TwoShot, threads: 512, registerOutput: true},
 		{name: "push", algo: collective.Push},
-		{name: "push-512", algo: collective.Push, threads: 512},
+		// other fixed grids for push (default 16 blocks), at 16 KiB only
+		{name: "push-8blocks", algo: collective.Push, pushBlocks: 8},
+		{name: "push-32blocks", algo: collective.Push, pushBlocks: 32},
 	}
 	for _, ws := range []int{2, 4, 8} {
 		for _, v := range variants {
 			for _, nbytes := range []int{16 << 10, 256 << 10, 1 << 20, 8 << 20} {
-				if v.algo == collective.Push && nbytes > 1<<20 {
+				if v.algo == collective.Push && nbytes > 1<<20 || v.pushBlocks != 0 && nbytes > 16<<10 {
 					continue // Push is for small messages: its receive buffers grow with the size
 				}
 				b.Run(fmt.Sprintf("ws%d/%s/%s", ws, v.name, sizeName(nbytes)), func(b *testing.B) {
 					opts := collective.Options{Algorithm: v.algo, MaxBytes: int64(nbytes), PushMaxBytes: int64(nbytes),
-						ThreadsPerBlock: v.threads, Timeout: 50 * time.Millisecond}
+						ThreadsPerBlock: v.threads, PushBlocks: v.pushBlocks, Timeout: 50 * time.Millisecond}
 					benchForkJoin(b, ws, opts, nbytes, v.registerOutput)
 				})
 			}

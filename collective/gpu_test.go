@@ -199,10 +199,19 @@ func TestAllReduceVirtualRanks(t *testing.T) {
 func TestAllReduceRegisteredAndGraph(t *testing.T) {
 	requireGPU(t)
 	rng := rand.New(rand.NewPCG(3, 4))
+	type variant struct {
+		name        string
+		algo        collective.Algorithm
+		systemScope bool
+	}
+	variants := []variant{{"oneshot", collective.OneShot, false}, {"twoshot", collective.TwoShot, false}, {"push", collective.Push, false},
+		// virtual ranks get GPU-scope barriers by default: the system-scope ones must work too
+		{"twoshot-systemscope", collective.TwoShot, true}}
 	for _, ws := range []int{2, 4, 8, 16} {
-		for _, algo := range ptx.Algorithms {
-			t.Run(fmt.Sprintf("ws%d/%v", ws, algo), func(t *testing.T) {
-				g := newGroup(t, virtualRanks(ws), collective.Options{Algorithm: algo, PushMaxBytes: 1 << 20, Timeout: 5 * time.Second}, 1<<20)
+		for _, v := range variants {
+			algo := v.algo
+			t.Run(fmt.Sprintf("ws%d/%s", ws, v.name), func(t *testing.T) {
+				g := newGroup(t, virtualRanks(ws), collective.Options{Algorithm: algo, PushMaxBytes: 1 << 20, Timeout: 5 * time.Second, SystemScope: v.systemScope}, 1<<20)
 				dt := dtype.BFloat16
 				nbytes := 1<<19 + 4096 + 16*ws // not a multiple of the block or thread count
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/goccl/goccl/driver"
 	"github.com/goccl/goccl/dtype"
+	"github.com/goccl/goccl/ptx"
 )
 
 // BenchmarkAllReduceLaunchOnly is the baseline of BenchmarkAllReduceHost (in the external
@@ -67,7 +68,7 @@ func BenchmarkAllReduceLaunchOnly(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		for r, c := range comms {
-			if err := driver.Launch(streams[r], c.kernels.fn[Push][dtype.BFloat16], &c.cfg, &c.args); err != nil {
+			if err := driver.Launch(streams[r], c.kernels.fn[c.scope][Push][dtype.BFloat16], &c.cfg, &c.args); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -83,6 +84,40 @@ func BenchmarkAllReduceLaunchOnly(b *testing.B) {
 	for _, c := range comms {
 		if err := c.Err(); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// TestBarrierScope checks which kernels a communicator launches: ranks that all run on one
+// GPU get GPU-scope barriers unless Options.SystemScope asks otherwise.
+func TestBarrierScope(t *testing.T) {
+	if err := driver.Init(); err != nil {
+		if os.Getenv("GOCCL_REQUIRE_GPU") == "1" || !(errors.Is(err, driver.ErrNoDriver) || errors.Is(err, driver.ErrNoDevice)) {
+			t.Fatal(err)
+		}
+		t.Skipf("no GPU: %v", err)
+	}
+	for _, systemScope := range []bool{false, true} {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		comms, err := NewGroup(ctx, []int{0, 0, 0}, Options{SystemScope: systemScope})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := ptx.ScopeGPU
+		if systemScope {
+			want = ptx.ScopeSystem
+		}
+		for _, c := range comms {
+			if c.scope != want {
+				t.Errorf("SystemScope=%v: rank %d uses %v barriers, want %v", systemScope, c.rank, c.scope, want)
+			}
+			if name := c.kernels.fn[c.scope][TwoShot][dtype.BFloat16].Name(); name != (ptx.Spec{Algo: ptx.TwoShot, DType: dtype.BFloat16, WorldSize: 3, Scope: want}).EntryName() {
+				t.Errorf("SystemScope=%v: rank %d launches %s", systemScope, c.rank, name)
+			}
+			if err := c.Close(); err != nil {
+				t.Error(err)
+			}
 		}
 	}
 }

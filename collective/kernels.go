@@ -11,8 +11,9 @@ import (
 )
 
 // kernelSet holds the JIT-compiled kernels of one world size on one device: one function per
-// (algorithm, dtype). Ranks of one process on one device share it; it is unloaded when the
-// last of them closes.
+// (barrier scope, algorithm, dtype). Ranks of one process on one device share it; it is
+// unloaded when the last of them closes. The system-scope kernels are loaded with the set;
+// the GPU-scope ones only for a communicator whose ranks all run on this device (useScope).
 type kernelSet struct {
 	key  kernelKey
 	refs int // guarded by kernelCache.mu
@@ -21,9 +22,12 @@ type kernelSet struct {
 	// closed its own.
 	ctx     *driver.Context
 	modules []*driver.Module
-	fn      [ptx.Push + 1][dtype.BFloat16 + 1]*driver.Function
-	// maxBlocksPerSM is the smallest occupancy of any kernel in the set at ThreadsPerBlock.
+	fn      [ptx.ScopeGPU + 1][ptx.Push + 1][dtype.BFloat16 + 1]*driver.Function
+	// maxBlocksPerSM is the smallest occupancy of any system-scope kernel at ThreadsPerBlock:
+	// what the ranks exchange to cap their grids, before they know the scope.
 	maxBlocksPerSM int
+	// scopeChecked and scopeUsable remember useScope's answer (guarded by kernelCache.mu).
+	scopeChecked, scopeUsable [ptx.ScopeGPU + 1]bool
 }
 
 type kernelKey struct {
@@ -54,38 +58,72 @@ func acquireKernels(key kernelKey) (*kernelSet, error) {
 	ks := &kernelSet{key: key, refs: 1, ctx: own, maxBlocksPerSM: 1 << 30}
 	for _, algo := range ptx.Algorithms {
 		for _, dt := range dtype.All {
-			spec := ptx.Spec{Algo: algo, DType: dt, WorldSize: key.worldSize, Target: key.target}
-			src, err := spec.Generate()
+			fn, occ, err := ks.load(ptx.Spec{Algo: algo, DType: dt, WorldSize: key.worldSize, Target: key.target})
 			if err != nil {
 				ks.unload()
-				return nil, fmt.Errorf("collective: generate %s: %w", spec.EntryName(), err)
-			}
-			mod, err := own.LoadModule(spec.EntryName(), src)
-			if err != nil {
-				ks.unload()
-				return nil, fmt.Errorf("collective: load kernel %s for %s: %w", spec.EntryName(), key.target, err)
-			}
-			ks.modules = append(ks.modules, mod)
-			fn, err := mod.Function(spec.EntryName())
-			if err != nil {
-				ks.unload()
-				return nil, fmt.Errorf("collective: find kernel %s: %w", spec.EntryName(), err)
-			}
-			occ, err := fn.MaxActiveBlocksPerSM(ptx.ThreadsPerBlock, 0)
-			if err != nil {
-				ks.unload()
-				return nil, fmt.Errorf("collective: occupancy of %s: %w", spec.EntryName(), err)
-			}
-			if occ < 1 {
-				ks.unload()
-				return nil, fmt.Errorf("collective: kernel %s cannot run %d threads per block on this GPU", spec.EntryName(), ptx.ThreadsPerBlock)
+				return nil, err
 			}
 			ks.maxBlocksPerSM = min(ks.maxBlocksPerSM, occ)
-			ks.fn[algo][dt] = fn
+			ks.fn[ptx.ScopeSystem][algo][dt] = fn
 		}
 	}
 	kernelCache.sets[key] = ks
 	return ks, nil
+}
+
+// load JIT-compiles the kernel of spec into a module of the set and returns its function and
+// its occupancy at ThreadsPerBlock.
+func (ks *kernelSet) load(spec ptx.Spec) (*driver.Function, int, error) {
+	src, err := spec.Generate()
+	if err != nil {
+		return nil, 0, fmt.Errorf("collective: generate %s: %w", spec.EntryName(), err)
+	}
+	mod, err := ks.ctx.LoadModule(spec.EntryName(), src)
+	if err != nil {
+		return nil, 0, fmt.Errorf("collective: load kernel %s for %s: %w", spec.EntryName(), spec.Target, err)
+	}
+	ks.modules = append(ks.modules, mod)
+	fn, err := mod.Function(spec.EntryName())
+	if err != nil {
+		return nil, 0, fmt.Errorf("collective: find kernel %s: %w", spec.EntryName(), err)
+	}
+	occ, err := fn.MaxActiveBlocksPerSM(ptx.ThreadsPerBlock, 0)
+	if err != nil {
+		return nil, 0, fmt.Errorf("collective: occupancy of %s: %w", spec.EntryName(), err)
+	}
+	if occ < 1 {
+		return nil, 0, fmt.Errorf("collective: kernel %s cannot run %d threads per block on this GPU", spec.EntryName(), ptx.ThreadsPerBlock)
+	}
+	return fn, occ, nil
+}
+
+// useScope makes sure the kernels of scope are loaded and reports whether they can be used:
+// a kernel whose occupancy is below the set's maxBlocksPerSM (which the grids were capped
+// with) could deadlock, so the caller then keeps the system scope. Only TwoShot's code
+// depends on the scope (ptx.Spec.Scope); the other algorithms share the system-scope
+// functions.
+func (ks *kernelSet) useScope(scope ptx.Scope) (bool, error) {
+	kernelCache.mu.Lock()
+	defer kernelCache.mu.Unlock()
+	if scope == ptx.ScopeSystem || ks.scopeChecked[scope] {
+		return scope == ptx.ScopeSystem || ks.scopeUsable[scope], nil
+	}
+	var twoShot [dtype.BFloat16 + 1]*driver.Function
+	for _, dt := range dtype.All {
+		fn, occ, err := ks.load(ptx.Spec{Algo: ptx.TwoShot, DType: dt, WorldSize: ks.key.worldSize, Target: ks.key.target, Scope: scope})
+		if err != nil {
+			return false, err
+		}
+		if occ < ks.maxBlocksPerSM {
+			ks.scopeChecked[scope] = true
+			return false, nil
+		}
+		twoShot[dt] = fn
+	}
+	ks.fn[scope] = ks.fn[ptx.ScopeSystem]
+	ks.fn[scope][ptx.TwoShot] = twoShot
+	ks.scopeChecked[scope], ks.scopeUsable[scope] = true, true
+	return true, nil
 }
 
 // release drops one reference and unloads the modules with the last one.

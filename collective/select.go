@@ -5,8 +5,9 @@ import "github.com/goccl/goccl/ptx"
 // selectAlgorithm is the selection table: which algorithm is fastest for a message of bytes
 // among worldSize ranks on GPUs of compute capability major. Thresholds come from
 // measurements (docs/benchmarks.md); pushMax is the communicator's PushMaxBytes; direct says
-// that TwoShot can write straight into every rank's output (Comm.Selected).
-func selectAlgorithm(major, worldSize int, bytes, pushMax int64, direct bool) Algorithm {
+// that TwoShot can write straight into every rank's output (Comm.Selected); gpuScope that its
+// barriers are GPU-scope (every rank on one GPU, ptx.ScopeGPU).
+func selectAlgorithm(major, worldSize int, bytes, pushMax int64, direct, gpuScope bool) Algorithm {
 	// Push has no barrier: it wins while the message is small enough that writing it to
 	// every peer costs less than the two barrier round trips of OneShot. With 8 virtual ranks
 	// on an H200 it won at 16 KiB and lost badly from 32 KiB on (eager and one graph per rank:
@@ -40,6 +41,10 @@ func selectAlgorithm(major, worldSize int, bytes, pushMax int64, direct bool) Al
 	case worldSize <= 8:
 		// direct: OneShot 6.57, TwoShot 7.63 us at 256 KiB; 8.20 and 7.92 at 512 KiB
 		oneShotLimit = 256 << 10
+		if direct && gpuScope {
+			// issue 3's fork/join harness at 256 KiB: OneShot 8.14 us, direct TwoShot 7.27
+			oneShotLimit = 128 << 10
+		}
 	default:
 		oneShotLimit = 128 << 10
 	}
@@ -56,17 +61,21 @@ func selectAlgorithm(major, worldSize int, bytes, pushMax int64, direct bool) Al
 // MinThreadsPerBlock is the smallest block a launch uses when it spreads a small message.
 const MinThreadsPerBlock = 64
 
+// twoShotMinThreads is the smallest block TwoShot spreads a shard over.
+const twoShotMinThreads = 128
+
 // launchShape is the grid of one launch: blocks and threads per block. Every thread handles
 // one vector per loop iteration (of the largest shard for TwoShot).
 //
-// OneShot and TwoShot use blocks of ptx.ThreadsPerBlock threads, as many as the message
-// needs, at most limit. Push keeps its fixed pushBlocks (its epochs are per block) and, for a
+// OneShot uses blocks of ptx.ThreadsPerBlock threads, as many as the message needs, at most
+// limit; so does TwoShot for its largest shard, unless that would fill less than half of
+// limit: then it spreads the shard over smaller blocks. Push keeps its fixed pushBlocks (its epochs are per block) and, for a
 // message smaller than that grid, shrinks its blocks (to a multiple of 32, at least
 // MinThreadsPerBlock) so that the message is spread over all of them: a push thread runs a
 // few hundred instructions per vector at 8 ranks (send, the arrival test, the sum, the
 // re-arm), and 16 warps of it on one SM issue for longer than its memory accesses take. On an
-// H200 with 8 virtual ranks, 16 KiB went from 7.3 to 6.1 us; the pull kernels got no faster
-// (2 ranks slower: more blocks, a longer tail of barriers), so they keep full blocks.
+// H200 with 8 virtual ranks, 16 KiB went from 7.3 to 6.1 us; OneShot got no faster (2 ranks
+// slower: more blocks, a longer tail of barriers), so it keeps full blocks.
 // fixed > 0 (Options.ThreadsPerBlock) sets the block size of every launch instead. Every
 // rank computes the same shape from the same arguments, which the per-block barrier and the
 // per-block push epochs need.
@@ -74,8 +83,7 @@ func launchShape(algo Algorithm, nvec, worldSize, limit, pushBlocks, fixed int) 
 	if algo == Push {
 		threads = fixed
 		if threads == 0 {
-			perBlock := (nvec + pushBlocks - 1) / pushBlocks
-			threads = min(ptx.ThreadsPerBlock, max(MinThreadsPerBlock, (perBlock+31)/32*32))
+			threads = spreadThreads(nvec, pushBlocks)
 		}
 		return pushBlocks, threads
 	}
@@ -87,8 +95,23 @@ func launchShape(algo Algorithm, nvec, worldSize, limit, pushBlocks, fixed int) 
 	threads = fixed
 	if threads == 0 {
 		threads = ptx.ThreadsPerBlock
+		if algo == TwoShot && (work+threads-1)/threads <= limit/2 {
+			// A shard that fills at most half the grid in full blocks is spread over up to
+			// limit blocks of at least 128 threads, so that more SMs move it. H200, virtual
+			// ranks, direct, 256 KiB: 8 ranks 8.19 us with 4 blocks of 512 threads, 7.27 with
+			// 16 of 128; 4 ranks 4.62 and 4.29; 2 ranks 3.23 and 3.11. Blocks of 64 threads
+			// were slower at 16 KiB with 2 and 4 ranks, and nearly full grids gained nothing.
+			threads = max(twoShotMinThreads, spreadThreads(work, limit))
+		}
 	}
 	return max(1, min(limit, (work+threads-1)/threads)), threads
+}
+
+// spreadThreads is the block size that spreads work vectors over blocks blocks: a multiple of
+// 32 in [MinThreadsPerBlock, ptx.ThreadsPerBlock].
+func spreadThreads(work, blocks int) int {
+	perBlock := (work + blocks - 1) / blocks
+	return min(ptx.ThreadsPerBlock, max(MinThreadsPerBlock, (perBlock+31)/32*32))
 }
 
 // blockCap is how many blocks each rank may launch so that the blocks of all ranks sharing

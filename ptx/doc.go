@@ -23,9 +23,9 @@
 //	registers,      the registers every piece may use, the grid-stride mapping,
 //	prologue        griddepcontrol.wait on sm_90, "timeout 0 = forever"
 //	barrier         the two-phase counter barrier of the seed (lines ① to ⑥):
-//	                volatile flags for entry/exit, st.release.sys /
-//	                ld.acquire.sys for the two-shot middle and delivered
-//	                barriers
+//	                volatile flags for entry/exit, st.release / ld.acquire
+//	                (.sys, or .gpu when every rank is on one GPU: Scope)
+//	                for the two-shot middle and delivered barriers
 //	watchdog,       the tail of every spin loop: %globaltimer against
 //	record          p_timeout, then the error record claimed with
 //	                atom.global.cas.b32 (first writer wins)
@@ -79,9 +79,9 @@
 // # Validation
 //
 // The tests assemble every variant (3 algorithms x 3 element types x world
-// sizes 2..16 x 2 targets) with ptxas from GOCCL_PTXAS (scripts/fetch-tools.sh
-// fetches it) and fail on register spills or a stack frame, and check every
-// generated .entry signature against Params. Whether the kernels compute the
-// right bits is tested on a GPU by the collective package against
-// internal/ref.
+// sizes 2..16 x 2 targets x 2 barrier scopes) with ptxas from GOCCL_PTXAS
+// (scripts/fetch-tools.sh fetches it) and fail on register spills or a stack
+// frame, and check every generated .entry signature against Params. Whether
+// the kernels compute the right bits is tested on a GPU by the collective
+// package against internal/ref.
 package ptx

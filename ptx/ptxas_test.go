@@ -91,12 +91,12 @@ func TestPTXAssembles(t *testing.T) {
 // error, a kernel with a stack frame, and griddepcontrol on sm_80.
 func TestAssembleCatchesFailures(t *testing.T) {
 	ptxas := ptxasPath(t)
-	good := generate(t, Spec{OneShot, dtype.Float32, 2, SM80})
+	good := generate(t, Spec{OneShot, dtype.Float32, 2, SM80, ScopeSystem})
 
 	_, err := assemble(ptxas, "sm_80", bytes.Replace(good, []byte("add.rn.f32"), []byte("add.rn.f33"), 1), t.TempDir())
 	assert.Error(t, err, "a misspelt instruction")
 
-	pdl := generate(t, Spec{OneShot, dtype.Float32, 2, SM90})
+	pdl := generate(t, Spec{OneShot, dtype.Float32, 2, SM90, ScopeSystem})
 	_, err = assemble(ptxas, "sm_80", bytes.Replace(pdl, []byte(".target sm_90"), []byte(".target sm_80"), 1), t.TempDir())
 	assert.ErrorContains(t, err, "griddepcontrol", "griddepcontrol needs sm_90")
 

@@ -11,14 +11,18 @@ import (
 	"github.com/goccl/goccl/dtype"
 )
 
-// Spec names one kernel: an algorithm for one element type, world size and
-// target. It is a pure description; Generate turns it into PTX text and
-// loading that text into a context is the driver's job.
+// Spec names one kernel: an algorithm for one element type, world size,
+// target and barrier scope. It is a pure description; Generate turns it into
+// PTX text and loading that text into a context is the driver's job.
 type Spec struct {
 	Algo      Algorithm
 	DType     dtype.DType
 	WorldSize int    // ranks of the communicator, 2..MaxRanks
 	Target    Target // see TargetFor
+	// Scope of the release/acquire barriers (two-shot's middle and delivered barriers; the
+	// other barriers and push use volatile flags, which need no scope). The zero value,
+	// ScopeSystem, is always correct; ScopeGPU only when every rank is on one device.
+	Scope Scope
 }
 
 // Validate reports whether the spec names a kernel that exists: a known
@@ -36,13 +40,21 @@ func (s Spec) Validate() error {
 	if !s.Target.valid() {
 		return fmt.Errorf("kernel spec: unknown target %d: use ptx.SM80 or ptx.SM90 (see ptx.TargetFor)", int(s.Target))
 	}
+	if !s.Scope.valid() {
+		return fmt.Errorf("kernel spec: unknown scope %d: use ptx.ScopeSystem or ptx.ScopeGPU", int(s.Scope))
+	}
 	return nil
 }
 
 // EntryName returns the kernel's .entry name, goccl_<algo>_<dtype>_w<ws>,
-// e.g. "goccl_oneshot_bf16_w8". Both targets use the same name.
+// e.g. "goccl_oneshot_bf16_w8", with "_gpu" appended for ScopeGPU (so that a
+// profile tells the two apart). Both targets use the same name.
 func (s Spec) EntryName() string {
-	return fmt.Sprintf("goccl_%s_%s_w%d", s.Algo, s.DType, s.WorldSize)
+	name := fmt.Sprintf("goccl_%s_%s_w%d", s.Algo, s.DType, s.WorldSize)
+	if s.Scope == ScopeGPU {
+		name += "_gpu"
+	}
+	return name
 }
 
 // Generate returns the PTX module of the kernel: text without NUL bytes (the
@@ -105,6 +117,7 @@ type kernel struct {
 	DType   string // "bf16", "f16" or "f32"
 	Target  string // "sm_80" or "sm_90"
 	PDL     bool   // programmatic dependent launch (griddepcontrol), sm_90 only
+	Scope   string // "sys" or "gpu": the scope of the release/acquire barriers
 	WS      int
 	Ranks   []int // 0..WS-1, the unrolled rank loops
 	Rotated bool  // inputs taken in the order rank, rank+1, ... (two-shot)
@@ -135,6 +148,7 @@ func newKernel(s Spec) *kernel {
 		DType:   s.DType.String(),
 		Target:  s.Target.String(),
 		PDL:     s.Target == SM90,
+		Scope:   s.Scope.String(),
 		WS:      s.WorldSize,
 		Rotated: s.Algo == TwoShot,
 		Elems:   VectorBytes / s.DType.Size(),

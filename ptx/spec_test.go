@@ -13,14 +13,16 @@ import (
 	"github.com/goccl/goccl/dtype"
 )
 
-// allSpecs lists every kernel goccl ships: 3 x 3 x 15 x 2 = 270.
+// allSpecs lists every kernel goccl ships: 3 x 3 x 15 x 2 x 2 = 540.
 func allSpecs() []Spec {
 	var specs []Spec
-	for _, target := range []Target{SM80, SM90} {
-		for _, algo := range Algorithms {
-			for _, dt := range dtype.All {
-				for ws := 2; ws <= MaxRanks; ws++ {
-					specs = append(specs, Spec{Algo: algo, DType: dt, WorldSize: ws, Target: target})
+	for _, scope := range Scopes {
+		for _, target := range []Target{SM80, SM90} {
+			for _, algo := range Algorithms {
+				for _, dt := range dtype.All {
+					for ws := 2; ws <= MaxRanks; ws++ {
+						specs = append(specs, Spec{Algo: algo, DType: dt, WorldSize: ws, Target: target, Scope: scope})
+					}
 				}
 			}
 		}
@@ -47,13 +49,13 @@ func generate(t *testing.T, s Spec) []byte {
 
 func TestAllSpecsCount(t *testing.T) {
 	specs := allSpecs()
-	require.Len(t, specs, 270)
+	require.Len(t, specs, 540)
 	names := map[string]bool{}
 	for _, s := range specs {
 		require.NoError(t, s.Validate())
 		names[variantName(s)] = true
 	}
-	assert.Len(t, names, 270, "every variant has its own name and target")
+	assert.Len(t, names, 540, "every variant has its own name and target")
 }
 
 // TestEntrySignature checks the catalog against the PTX: the .entry of every
@@ -175,8 +177,11 @@ func TestMemoryOrder(t *testing.T) {
 	for _, s := range allSpecs() {
 		text := code(generate(t, s))
 		name := variantName(s)
-		release := strings.Count(text, "st.release.sys.global.u32")
-		acquire := strings.Count(text, "ld.acquire.sys.global.u32")
+		release := strings.Count(text, "st.release."+s.Scope.String()+".global.u32")
+		acquire := strings.Count(text, "ld.acquire."+s.Scope.String()+".global.u32")
+		// and no release or acquire of another scope
+		assert.Equal(t, release, strings.Count(text, "st.release."), name)
+		assert.Equal(t, acquire, strings.Count(text, "ld.acquire."), name)
 		volatileFlags := strings.Count(text, "st.volatile.global.u32")
 		barSync := strings.Count(text, "bar.sync 0;")
 		barRed := strings.Count(text, "bar.red.or.pred %timedout, 0, %timedout;")
@@ -219,8 +224,8 @@ func TestMemoryOrder(t *testing.T) {
 // rank, rank+1, ... and one-shot in rank order 0, 1, ...
 func TestTwoShotRotation(t *testing.T) {
 	for ws := 2; ws <= MaxRanks; ws++ {
-		two := string(generate(t, Spec{TwoShot, dtype.BFloat16, ws, SM90}))
-		one := string(generate(t, Spec{OneShot, dtype.BFloat16, ws, SM90}))
+		two := string(generate(t, Spec{TwoShot, dtype.BFloat16, ws, SM90, ScopeSystem}))
+		one := string(generate(t, Spec{OneShot, dtype.BFloat16, ws, SM90, ScopeSystem}))
 		for i := range ws {
 			assert.True(t, has(two, fmt.Sprintf("\tadd.u32 %%src, %%rank, %d;\n\tsetp.ge.u32 %%p0, %%src, %d;\n\t@%%p0 sub.u32 %%src, %%src, %d;\n\tmad.wide.u32 %%a, %%src, 8, %%tab;\n\tld.global.u64 %%in%d, [%%a];", i, ws, ws, i)), "ws %d: %%in%d is rank rank+%d", ws, i, i)
 			assert.True(t, has(one, fmt.Sprintf("\tmov.u32 %%src, %d;\n\tmad.wide.u32 %%a, %%src, 8, %%tab;\n\tld.global.u64 %%in%d, [%%a];", i, i)), "ws %d: %%in%d is rank %d", ws, i, i)
@@ -239,7 +244,7 @@ func TestZeroLanes(t *testing.T) {
 	}
 	zerolanes := func(w, lane, sign uint32) uint32 { return ^(((w & lane) + lane) | w) & sign }
 
-	lane, sign := masks(newKernel(Spec{Push, dtype.BFloat16, 2, SM80}))
+	lane, sign := masks(newKernel(Spec{Push, dtype.BFloat16, 2, SM80, ScopeSystem}))
 	for lo := range uint32(1 << 16) {
 		for _, hi := range []uint32{0, 1, 0x7fff, 0x8000, 0x8001, 0xffff, lo} {
 			w := hi<<16 | lo
@@ -255,7 +260,7 @@ func TestZeroLanes(t *testing.T) {
 			}
 		}
 	}
-	lane, sign = masks(newKernel(Spec{Push, dtype.Float32, 2, SM80}))
+	lane, sign = masks(newKernel(Spec{Push, dtype.Float32, 2, SM80, ScopeSystem}))
 	for _, w := range []uint32{0, 1, 0x80000000, 0x7fffffff, 0xffffffff, 0x00010000, 0x3f800000} {
 		want := uint32(0)
 		if w == 0 {
@@ -274,7 +279,7 @@ func TestAnyZero(t *testing.T) {
 		require.NoError(t, err)
 		return (w-low)&^w&sign != 0
 	}
-	half := newKernel(Spec{Push, dtype.BFloat16, 2, SM80})
+	half := newKernel(Spec{Push, dtype.BFloat16, 2, SM80, ScopeSystem})
 	for lo := range uint32(1 << 16) {
 		for _, hi := range []uint32{0, 1, 0x7fff, 0x8000, 0x8001, 0xffff, lo} {
 			w := hi<<16 | lo
@@ -283,25 +288,26 @@ func TestAnyZero(t *testing.T) {
 			}
 		}
 	}
-	full := newKernel(Spec{Push, dtype.Float32, 2, SM80})
+	full := newKernel(Spec{Push, dtype.Float32, 2, SM80, ScopeSystem})
 	for _, w := range []uint32{0, 1, 0x80000000, 0x7fffffff, 0xffffffff, 0x00010000, 0x3f800000} {
 		assert.Equal(t, w == 0, anyZero(full, w), "word %#08x", w)
 	}
 }
 
 func TestValidate(t *testing.T) {
-	good := Spec{OneShot, dtype.BFloat16, 8, SM90}
+	good := Spec{OneShot, dtype.BFloat16, 8, SM90, ScopeSystem}
 	require.NoError(t, good.Validate())
 	cases := []struct {
 		spec Spec
 		want string
 	}{
-		{Spec{0, dtype.BFloat16, 8, SM90}, "unknown algorithm 0"},
-		{Spec{Push + 1, dtype.BFloat16, 8, SM90}, "unknown algorithm 4"},
-		{Spec{OneShot, dtype.Invalid, 8, SM90}, "unsupported element type"},
-		{Spec{OneShot, dtype.BFloat16, 1, SM90}, "world size 1 out of range"},
-		{Spec{OneShot, dtype.BFloat16, 17, SM90}, "world size 17 out of range"},
-		{Spec{OneShot, dtype.BFloat16, 8, 75}, "unknown target 75"},
+		{Spec{0, dtype.BFloat16, 8, SM90, ScopeSystem}, "unknown algorithm 0"},
+		{Spec{Push + 1, dtype.BFloat16, 8, SM90, ScopeSystem}, "unknown algorithm 4"},
+		{Spec{OneShot, dtype.Invalid, 8, SM90, ScopeSystem}, "unsupported element type"},
+		{Spec{OneShot, dtype.BFloat16, 1, SM90, ScopeSystem}, "world size 1 out of range"},
+		{Spec{OneShot, dtype.BFloat16, 17, SM90, ScopeSystem}, "world size 17 out of range"},
+		{Spec{OneShot, dtype.BFloat16, 8, 75, ScopeSystem}, "unknown target 75"},
+		{Spec{OneShot, dtype.BFloat16, 8, SM90, ScopeGPU + 1}, "unknown scope 2"},
 	}
 	for _, c := range cases {
 		err := c.spec.Validate()
@@ -314,9 +320,43 @@ func TestValidate(t *testing.T) {
 }
 
 func TestEntryName(t *testing.T) {
-	assert.Equal(t, "goccl_oneshot_bf16_w8", Spec{OneShot, dtype.BFloat16, 8, SM90}.EntryName())
-	assert.Equal(t, "goccl_twoshot_f32_w3", Spec{TwoShot, dtype.Float32, 3, SM80}.EntryName())
-	assert.Equal(t, "goccl_push_f16_w16", Spec{Push, dtype.Float16, 16, SM90}.EntryName())
+	assert.Equal(t, "goccl_oneshot_bf16_w8", Spec{OneShot, dtype.BFloat16, 8, SM90, ScopeSystem}.EntryName())
+	assert.Equal(t, "goccl_twoshot_f32_w3", Spec{TwoShot, dtype.Float32, 3, SM80, ScopeSystem}.EntryName())
+	assert.Equal(t, "goccl_push_f16_w16", Spec{Push, dtype.Float16, 16, SM90, ScopeSystem}.EntryName())
+	assert.Equal(t, "goccl_twoshot_bf16_w8_gpu", Spec{TwoShot, dtype.BFloat16, 8, SM90, ScopeGPU}.EntryName())
+	assert.Equal(t, []string{"sys", "gpu"}, []string{ScopeSystem.String(), ScopeGPU.String()})
+}
+
+// TestScope checks that the scope changes only the release/acquire barriers: one-shot and
+// push are the same instructions in both scopes, two-shot differs in exactly its four
+// release/acquire flags.
+func TestScope(t *testing.T) {
+	for _, s := range allSpecs() {
+		if s.Scope != ScopeSystem {
+			continue
+		}
+		gpu := s
+		gpu.Scope = ScopeGPU
+		// the instructions only: comments are removed and the lines they leave blank dropped
+		instructions := func(s Spec) string {
+			var lines []string
+			for _, l := range strings.Split(code(generate(t, s)), "\n") {
+				if strings.TrimSpace(l) != "" {
+					lines = append(lines, l)
+				}
+			}
+			return strings.Join(lines, "\n")
+		}
+		sys, other := instructions(s), instructions(gpu)
+		other = strings.ReplaceAll(other, gpu.EntryName(), s.EntryName())
+		if s.Algo != TwoShot {
+			assert.Equal(t, sys, other, variantName(s))
+			continue
+		}
+		other = strings.ReplaceAll(other, "st.release.gpu.", "st.release.sys.")
+		other = strings.ReplaceAll(other, "ld.acquire.gpu.", "ld.acquire.sys.")
+		assert.Equal(t, sys, other, variantName(s))
+	}
 }
 
 func TestAlgorithm(t *testing.T) {
@@ -359,10 +399,10 @@ func TestABILayout(t *testing.T) {
 	assert.LessOrEqual(t, PushEpochOffset+4*MaxBlocks, SignalBytes)
 	assert.Equal(t, 8*4, ErrRecordBytes)
 
-	two := generate(t, Spec{TwoShot, dtype.Float32, 4, SM80})
+	two := generate(t, Spec{TwoShot, dtype.Float32, 4, SM80, ScopeSystem})
 	assert.True(t, bytes.Contains(two, []byte(fmt.Sprintf("[%%flag+%d]", PeerCounterOffset))))
 	assert.True(t, bytes.Contains(two, []byte(fmt.Sprintf("mul.lo.u32 %%k, %%k, %d;", MaxBlocks*MaxRanks))))
-	push := generate(t, Spec{Push, dtype.Float32, 4, SM80})
+	push := generate(t, Spec{Push, dtype.Float32, 4, SM80, ScopeSystem})
 	assert.True(t, bytes.Contains(push, []byte(fmt.Sprintf("[%%ep+%d]", PushEpochOffset))))
 	assert.True(t, bytes.Contains(push, []byte(fmt.Sprintf("[%%err+12], %%peer;\n\tst.global.u32 [%%err+16], %d;", PhasePush))))
 }
