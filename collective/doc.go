@@ -23,7 +23,9 @@
 //   - TwoShot: reduce-scatter into each rank's tmp buffer, then all-gather. Moves the least
 //     data: the choice for large messages. When the outputs are shared too (registered, or
 //     captured), each rank writes its reduced shard straight into every rank's output: two
-//     barriers instead of three and no tmp round trip ("direct").
+//     barriers instead of three and no tmp round trip ("direct"). Its release/acquire
+//     barriers are GPU-scope when every rank runs on one GPU (virtual ranks, or processes
+//     sharing it), system-scope otherwise.
 //
 // # Inputs and graphs
 //

@@ -42,8 +42,9 @@ func selectAlgorithm(major, worldSize int, bytes, pushMax int64, direct, gpuScop
 		// direct: OneShot 6.57, TwoShot 7.63 us at 256 KiB; 8.20 and 7.92 at 512 KiB
 		oneShotLimit = 256 << 10
 		if direct && gpuScope {
-			// issue 3's fork/join harness at 256 KiB: OneShot 8.14 us, direct TwoShot 7.27
-			oneShotLimit = 128 << 10
+			// GPU-scope barriers make the direct TwoShot cheaper (8 virtual ranks, one graph
+			// per rank): OneShot 4.99, TwoShot 5.08 us at 64 KiB; 5.86 and 5.21 at 128 KiB
+			oneShotLimit = 64 << 10
 		}
 	default:
 		oneShotLimit = 128 << 10

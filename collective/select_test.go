@@ -47,9 +47,9 @@ func TestSelectAlgorithm(t *testing.T) {
 	}
 	// Push never exceeds the communicator's receive slots.
 	assert.Equal(t, OneShot, selectAlgorithm(9, 8, 16<<10, 8<<10, false, false))
-	// GPU-scope barriers make the direct TwoShot cheaper: 8 ranks switch at 128 KiB.
-	assert.Equal(t, OneShot, selectAlgorithm(9, 8, 128<<10, DefaultPushMaxBytes, true, true))
-	assert.Equal(t, TwoShot, selectAlgorithm(9, 8, 256<<10, DefaultPushMaxBytes, true, true))
+	// GPU-scope barriers make the direct TwoShot cheaper: 8 ranks switch above 64 KiB.
+	assert.Equal(t, OneShot, selectAlgorithm(9, 8, 64<<10, DefaultPushMaxBytes, true, true))
+	assert.Equal(t, TwoShot, selectAlgorithm(9, 8, 64<<10+16, DefaultPushMaxBytes, true, true))
 	assert.Equal(t, OneShot, selectAlgorithm(9, 8, 256<<10, DefaultPushMaxBytes, false, true))
 	assert.Equal(t, OneShot, selectAlgorithm(9, 8, 256<<10, DefaultPushMaxBytes, true, false))
 	assert.Equal(t, OneShot, selectAlgorithm(9, 4, 256<<10, DefaultPushMaxBytes, true, true))
