@@ -338,7 +338,7 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	if maxOnGPU == c.size && !c.opts.SystemScope {
 		// Every rank runs on this GPU (virtual ranks, or processes sharing it): GPU-scope
 		// release/acquire is enough, and cheaper (ptx.ScopeGPU).
-		ok, err := c.kernels.useScope(ptx.ScopeGPU)
+		ok, err := c.kernels.useGPUScope()
 		if err != nil {
 			return err
 		}

@@ -57,7 +57,9 @@ func BenchmarkGraphForkJoinFloor(b *testing.B) {
 					}
 				default:
 					rank0 := harness == "fork-rank0"
-					graphs = append(graphs, f.capture(b, f.main, func() { f.forkJoinLayer(b, fn, rank0) }))
+					graphs = append(graphs, f.capture(b, f.main, func() {
+						f.forkJoinLayer(b, rank0, func(_ int, s *driver.Stream) { f.launch(b, s, fn) })
+					}))
 				}
 				defer func() {
 					for _, g := range graphs {
@@ -73,7 +75,7 @@ func BenchmarkGraphForkJoinFloor(b *testing.B) {
 					for r, g := range graphs {
 						require.NoError(b, g.Launch(f.streams[r]))
 					}
-					f.join(b)
+					f.join(b, false)
 				}
 				run()
 				require.NoError(b, f.main.Synchronize())
@@ -103,12 +105,25 @@ type floor struct {
 	start, end *driver.Event
 }
 
+// newFloor makes a harness of a main stream and ws rank streams of its own.
 func newFloor(b *testing.B, c *driver.Context, ws int) *floor {
-	var f floor
-	var err error
-	f.main, err = c.NewStream()
-	require.NoError(b, err)
-	b.Cleanup(func() { f.main.Close() })
+	newStream := func() *driver.Stream {
+		s, err := c.NewStream()
+		require.NoError(b, err)
+		b.Cleanup(func() { s.Close() })
+		return s
+	}
+	main := newStream()
+	streams := make([]*driver.Stream, ws)
+	for r := range streams {
+		streams[r] = newStream()
+	}
+	return newHarness(b, c, main, streams)
+}
+
+// newHarness makes the events of a harness over main and the rank streams.
+func newHarness(b *testing.B, c *driver.Context, main *driver.Stream, streams []*driver.Stream) *floor {
+	f := floor{main: main, streams: streams}
 	newEvent := func(timing bool) *driver.Event {
 		ev, err := c.NewEvent(timing)
 		require.NoError(b, err)
@@ -116,11 +131,7 @@ func newFloor(b *testing.B, c *driver.Context, ws int) *floor {
 		return ev
 	}
 	f.forkEv, f.start, f.end = newEvent(false), newEvent(true), newEvent(true)
-	for range ws {
-		s, err := c.NewStream()
-		require.NoError(b, err)
-		b.Cleanup(func() { s.Close() })
-		f.streams = append(f.streams, s)
+	for range streams {
 		f.joins = append(f.joins, newEvent(false))
 	}
 	return &f
@@ -156,29 +167,27 @@ func (f *floor) fork(b *testing.B, skipRank0 bool) {
 	}
 }
 
-// join makes main wait for every rank stream.
-func (f *floor) join(b *testing.B) {
+// join makes main wait for every rank stream (all, or all but the first with skipRank0).
+func (f *floor) join(b *testing.B, skipRank0 bool) {
 	for r, s := range f.streams {
-		require.NoError(b, f.joins[r].Record(s))
-		require.NoError(b, f.main.WaitEvent(f.joins[r]))
+		if r > 0 || !skipRank0 {
+			require.NoError(b, f.joins[r].Record(s))
+			require.NoError(b, f.main.WaitEvent(f.joins[r]))
+		}
 	}
 }
 
-// forkJoinLayer is one layer of the fork/join harness; with rank0, rank 0 runs on main.
-func (f *floor) forkJoinLayer(b *testing.B, fn *driver.Function, rank0 bool) {
+// forkJoinLayer is one layer of the fork/join harness: launch(r, s) enqueues rank r's work on
+// s, its stream, or main for rank 0 with rank0.
+func (f *floor) forkJoinLayer(b *testing.B, rank0 bool, launch func(r int, s *driver.Stream)) {
 	f.fork(b, rank0)
 	for r, s := range f.streams {
 		if r == 0 && rank0 {
 			s = f.main
 		}
-		f.launch(b, s, fn)
+		launch(r, s)
 	}
-	for r, s := range f.streams {
-		if r > 0 || !rank0 {
-			require.NoError(b, f.joins[r].Record(s))
-			require.NoError(b, f.main.WaitEvent(f.joins[r]))
-		}
-	}
+	f.join(b, rank0)
 }
 
 // BenchmarkAllReduceForkJoin runs issue 3's harness with real all-reduces: one CUDA graph of
@@ -246,50 +255,29 @@ func benchForkJoin(b *testing.B, ws int, opts collective.Options, nbytes int, re
 		}
 		return rb.comm.Register(context.Background(), rb.out, rb.capacity)
 	})
-	c := g.ranks[0].comm.Context()
-	main := g.ranks[0].stream
-	newEvent := func(timing bool) *driver.Event {
-		ev, err := c.NewEvent(timing)
-		require.NoError(b, err)
-		b.Cleanup(func() { ev.Close() })
-		return ev
+	// issue 3's harness on the ranks' own streams: rank 0's is the main stream
+	streams := make([]*driver.Stream, ws)
+	for r, rb := range g.ranks {
+		streams[r] = rb.stream
 	}
-	fork, start, end := newEvent(false), newEvent(true), newEvent(true)
-	joins := make([]*driver.Event, ws)
-	for r := range joins {
-		joins[r] = newEvent(false)
-	}
+	f := newHarness(b, g.ranks[0].comm.Context(), g.ranks[0].stream, streams)
 	count := nbytes / dtype.BFloat16.Size()
-	require.NoError(b, main.BeginCapture(driver.CaptureRelaxed))
-	for range floorLayers {
-		require.NoError(b, fork.Record(main))
-		for _, rb := range g.ranks[1:] {
-			require.NoError(b, rb.stream.WaitEvent(fork))
-		}
-		for _, rb := range g.ranks {
-			require.NoError(b, rb.comm.AllReduce(rb.stream, rb.out, rb.in, count, dtype.BFloat16))
-		}
-		for r, rb := range g.ranks[1:] {
-			require.NoError(b, joins[r].Record(rb.stream))
-			require.NoError(b, main.WaitEvent(joins[r]))
-		}
-	}
-	graph, err := main.EndCapture()
-	require.NoError(b, err)
-	x, err := graph.Instantiate()
-	require.NoError(b, err)
-	require.NoError(b, graph.Close())
+	x := f.capture(b, f.main, func() {
+		f.forkJoinLayer(b, true, func(r int, s *driver.Stream) {
+			require.NoError(b, g.ranks[r].comm.AllReduce(s, g.ranks[r].out, g.ranks[r].in, count, dtype.BFloat16))
+		})
+	})
 	defer x.Close()
-	require.NoError(b, x.Launch(main))
+	require.NoError(b, x.Launch(f.main))
 	g.syncAll(time.Minute)
 	b.ResetTimer()
-	require.NoError(b, start.Record(main))
+	require.NoError(b, f.start.Record(f.main))
 	for range b.N {
-		require.NoError(b, x.Launch(main))
+		require.NoError(b, x.Launch(f.main))
 	}
-	require.NoError(b, end.Record(main))
+	require.NoError(b, f.end.Record(f.main))
 	g.syncAll(time.Minute)
-	d, err := driver.Elapsed(start, end)
+	d, err := driver.Elapsed(f.start, f.end)
 	require.NoError(b, err)
 	us := float64(d) / float64(time.Microsecond) / float64(b.N*floorLayers)
 	b.ReportMetric(us, "us/allreduce")

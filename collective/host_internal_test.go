@@ -12,17 +12,24 @@ import (
 	"github.com/goccl/goccl/ptx"
 )
 
+// requireGPUHere is the external tests' requireGPU for the internal ones: skip without a
+// driver or device, unless GOCCL_REQUIRE_GPU=1 demands one; fail on any other error.
+func requireGPUHere(tb testing.TB) {
+	tb.Helper()
+	if err := driver.Init(); err != nil {
+		if os.Getenv("GOCCL_REQUIRE_GPU") == "1" || !(errors.Is(err, driver.ErrNoDriver) || errors.Is(err, driver.ErrNoDevice)) {
+			tb.Fatal(err)
+		}
+		tb.Skipf("no GPU: %v", err)
+	}
+}
+
 // BenchmarkAllReduceLaunchOnly is the baseline of BenchmarkAllReduceHost (in the external
 // tests): the same kernel, launched with the same arguments on the same two virtual ranks'
 // streams, through driver.Launch alone. The difference between the two is what AllReduce
 // itself costs above the driver launch (lock, checks, argument packing).
 func BenchmarkAllReduceLaunchOnly(b *testing.B) {
-	if err := driver.Init(); err != nil {
-		if os.Getenv("GOCCL_REQUIRE_GPU") == "1" || !(errors.Is(err, driver.ErrNoDriver) || errors.Is(err, driver.ErrNoDevice)) {
-			b.Fatal(err)
-		}
-		b.Skipf("no GPU: %v", err)
-	}
+	requireGPUHere(b)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	comms, err := NewGroup(ctx, []int{0, 0}, Options{Algorithm: Push})
@@ -91,12 +98,7 @@ func BenchmarkAllReduceLaunchOnly(b *testing.B) {
 // TestBarrierScope checks which kernels a communicator launches: ranks that all run on one
 // GPU get GPU-scope barriers unless Options.SystemScope asks otherwise.
 func TestBarrierScope(t *testing.T) {
-	if err := driver.Init(); err != nil {
-		if os.Getenv("GOCCL_REQUIRE_GPU") == "1" || !(errors.Is(err, driver.ErrNoDriver) || errors.Is(err, driver.ErrNoDevice)) {
-			t.Fatal(err)
-		}
-		t.Skipf("no GPU: %v", err)
-	}
+	requireGPUHere(t)
 	for _, systemScope := range []bool{false, true} {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		comms, err := NewGroup(ctx, []int{0, 0, 0}, Options{SystemScope: systemScope})

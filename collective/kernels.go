@@ -13,7 +13,7 @@ import (
 // kernelSet holds the JIT-compiled kernels of one world size on one device: one function per
 // (barrier scope, algorithm, dtype). Ranks of one process on one device share it; it is
 // unloaded when the last of them closes. The system-scope kernels are loaded with the set;
-// the GPU-scope ones only for a communicator whose ranks all run on this device (useScope).
+// the GPU-scope ones only for a communicator whose ranks all run on this device (useGPUScope).
 type kernelSet struct {
 	key  kernelKey
 	refs int // guarded by kernelCache.mu
@@ -26,8 +26,9 @@ type kernelSet struct {
 	// maxBlocksPerSM is the smallest occupancy of any system-scope kernel at ThreadsPerBlock:
 	// what the ranks exchange to cap their grids, before they know the scope.
 	maxBlocksPerSM int
-	// scopeChecked and scopeUsable remember useScope's answer (guarded by kernelCache.mu).
-	scopeChecked, scopeUsable [ptx.ScopeGPU + 1]bool
+	// gpuScopeChecked and gpuScopeUsable remember useGPUScope's answer (guarded by
+	// kernelCache.mu).
+	gpuScopeChecked, gpuScopeUsable bool
 }
 
 type kernelKey struct {
@@ -97,32 +98,32 @@ func (ks *kernelSet) load(spec ptx.Spec) (*driver.Function, int, error) {
 	return fn, occ, nil
 }
 
-// useScope makes sure the kernels of scope are loaded and reports whether they can be used:
-// a kernel whose occupancy is below the set's maxBlocksPerSM (which the grids were capped
-// with) could deadlock, so the caller then keeps the system scope. Only TwoShot's code
+// useGPUScope makes sure the GPU-scope kernels are loaded and reports whether they can be
+// used: a kernel whose occupancy is below the set's maxBlocksPerSM (which the grids were
+// capped with) could deadlock, so the caller then keeps the system scope. Only TwoShot's code
 // depends on the scope (ptx.Spec.Scope); the other algorithms share the system-scope
 // functions.
-func (ks *kernelSet) useScope(scope ptx.Scope) (bool, error) {
+func (ks *kernelSet) useGPUScope() (bool, error) {
 	kernelCache.mu.Lock()
 	defer kernelCache.mu.Unlock()
-	if scope == ptx.ScopeSystem || ks.scopeChecked[scope] {
-		return scope == ptx.ScopeSystem || ks.scopeUsable[scope], nil
+	if ks.gpuScopeChecked {
+		return ks.gpuScopeUsable, nil
 	}
 	var twoShot [dtype.BFloat16 + 1]*driver.Function
 	for _, dt := range dtype.All {
-		fn, occ, err := ks.load(ptx.Spec{Algo: ptx.TwoShot, DType: dt, WorldSize: ks.key.worldSize, Target: ks.key.target, Scope: scope})
+		fn, occ, err := ks.load(ptx.Spec{Algo: ptx.TwoShot, DType: dt, WorldSize: ks.key.worldSize, Target: ks.key.target, Scope: ptx.ScopeGPU})
 		if err != nil {
 			return false, err
 		}
 		if occ < ks.maxBlocksPerSM {
-			ks.scopeChecked[scope] = true
+			ks.gpuScopeChecked = true
 			return false, nil
 		}
 		twoShot[dt] = fn
 	}
-	ks.fn[scope] = ks.fn[ptx.ScopeSystem]
-	ks.fn[scope][ptx.TwoShot] = twoShot
-	ks.scopeChecked[scope], ks.scopeUsable[scope] = true, true
+	ks.fn[ptx.ScopeGPU] = ks.fn[ptx.ScopeSystem]
+	ks.fn[ptx.ScopeGPU][ptx.TwoShot] = twoShot
+	ks.gpuScopeChecked, ks.gpuScopeUsable = true, true
 	return true, nil
 }
 

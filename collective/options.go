@@ -64,8 +64,8 @@ type Options struct {
 	PushBlocks int
 	// ThreadsPerBlock fixes the block size of every launch: a multiple of 32 in
 	// [MinThreadsPerBlock, 512]. The default (0) uses 512-thread blocks, except that Push
-	// spreads a message smaller than its grid over smaller blocks. (The block caps for ranks
-	// sharing a GPU assume 512 threads either way.)
+	// spreads a message smaller than its grid, and TwoShot a small shard, over smaller
+	// blocks. (The block caps for ranks sharing a GPU assume 512 threads either way.)
 	ThreadsPerBlock int
 	// Timeout is how long a kernel waits for a peer before it gives up and records an error
 	// (default DefaultTimeout; negative: wait forever).

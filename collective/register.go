@@ -12,10 +12,10 @@ import (
 // Register shares a user buffer with the peers so that OneShot and TwoShot all-reduces whose
 // src is ptr read it in place, without the copy into the staging buffer, and TwoShot
 // all-reduces whose dst is ptr write every rank's share of the sum straight into it (see
-// AllReduce for the conditions and the rule that every rank passes its counterpart). It is a collective
-// call: every rank registers its own buffer of the same size, in the same order (ranks of one
-// process call it from separate goroutines). The buffer must stay allocated until Close.
-// Only memory from cuMemAlloc (or pointers into it) can be registered.
+// AllReduce for the conditions and the rule that every rank passes its counterpart). It is a
+// collective call: every rank registers its own buffer of the same size, in the same order
+// (ranks of one process call it from separate goroutines). The buffer must stay allocated
+// until Close. Only memory from cuMemAlloc (or pointers into it) can be registered.
 func (c *Comm) Register(ctx context.Context, ptr driver.DevicePtr, bytes uint64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()

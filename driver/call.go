@@ -120,17 +120,18 @@ var frames = sync.Pool{New: func() any { return new(frame) }}
 // hot is Context.call without allocation, for the hot methods (launches, async copies and
 // memsets, events, graph launches). See the top of this file for what its callers keep alive.
 func (c *Context) hot(fn uintptr, args ...uintptr) error {
-	r, failed, err := c.hotResult(true, fn, args...)
-	if err != nil || r == 0 {
-		return err
-	}
-	return newError(failed, r)
+	return c.hotCall(true, fn, args...)
 }
 
 // launch is hot for the launch functions, which skip binding the context once
 // ProbeStreamLaunch has found that the driver takes it from the stream.
 func (c *Context) launch(fn uintptr, args ...uintptr) error {
-	r, failed, err := c.hotResult(!streamLaunch.Load(), fn, args...)
+	return c.hotCall(!streamLaunch.Load(), fn, args...)
+}
+
+// hotCall is hotResult with the CUresult turned into an *Error.
+func (c *Context) hotCall(bind bool, fn uintptr, args ...uintptr) error {
+	r, failed, err := c.hotResult(bind, fn, args...)
 	if err != nil || r == 0 {
 		return err
 	}
@@ -156,14 +157,13 @@ func (c *Context) hotResult(bind bool, fn uintptr, args ...uintptr) (r Result, f
 		failed = cuCtxSetCurrent
 		runtime.LockOSThread()
 		ret, _, _ = purego.SyscallN(cuCtxSetCurrent, f[:1]...)
-		if uint32(ret) == 0 {
-			failed = fn
-			ret, _, _ = purego.SyscallN(fn, f[1:n]...)
-		}
-		runtime.UnlockOSThread()
-	} else {
+	}
+	if uint32(ret) == 0 {
 		failed = fn
 		ret, _, _ = purego.SyscallN(fn, f[1:n]...)
+	}
+	if bind {
+		runtime.UnlockOSThread()
 	}
 	frames.Put(f)
 	return Result(int32(uint32(ret))), failed, nil
