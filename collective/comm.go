@@ -348,9 +348,13 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	}
 	c.blocks = blockCap(c.opts.Blocks, smsOnGPU, blocksPerSM, maxOnGPU)
 	c.pushBlocks = blockCap(c.opts.PushBlocks, smsOnGPU, blocksPerSM, maxOnGPU)
-	// PDL lets the next kernel start early; with several ranks on one GPU its blocks could
-	// take the room a peer's all-reduce needs to become resident, so only one rank per GPU.
-	c.pdl = major >= 9 && !c.opts.DisablePDL && maxOnGPU == 1 && driver.Has(driver.FeatureLaunchEx)
+	// PDL lets the next kernel launch before this one has finished. With one rank per GPU the
+	// kernels may trigger it early. With several ranks on one GPU the next kernel's blocks
+	// could take the room that a peer's all-reduce, which this one still waits for, needs to
+	// become resident; only the GPU-scope kernels, which trigger after their last wait on a
+	// peer, are safe there (ptx.Spec.Scope).
+	c.pdl = major >= 9 && !c.opts.DisablePDL && driver.Has(driver.FeatureLaunchEx) &&
+		(maxOnGPU == 1 || c.scope == ptx.ScopeGPU)
 	c.timeout = c.opts.timeoutNanos()
 
 	if err := c.mapPeers(infos, fds); err != nil {

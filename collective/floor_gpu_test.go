@@ -23,6 +23,27 @@ const emptyKernelPTX = `
 }
 `
 
+// pdlFloorPTX holds the floor's empty kernels for PDL launches (sm_90): goccl_floor_pdl waits
+// for its predecessor and lets its dependents launch when it exits, as goccl's GPU-scope
+// kernels do; goccl_floor_pdl_early lets them launch first thing, as the system-scope
+// kernels do before their last wait on a peer.
+const pdlFloorPTX = `
+.version 7.8
+.target sm_90
+.address_size 64
+.visible .entry goccl_floor_pdl()
+{
+	griddepcontrol.wait;
+	ret;
+}
+.visible .entry goccl_floor_pdl_early()
+{
+	griddepcontrol.launch_dependents;
+	griddepcontrol.wait;
+	ret;
+}
+`
+
 // BenchmarkGraphForkJoinFloor measures the harnesses of the graph benchmarks without any
 // all-reduce, with empty kernels: whatever an all-reduce costs above this is its own.
 //
@@ -33,6 +54,9 @@ const emptyKernelPTX = `
 //   - per-rank: one graph of 200 kernels per rank stream, as every process of a real job
 //     captures its own (what arsmoke -g does); the time runs from an event before all of them
 //     to the join after.
+//
+// On sm_90, fork-rank0-pdl and fork-rank0-pdl-early are fork-rank0 with every kernel launched
+// with PDL (driver.LaunchEx), the kernels of pdlFloorPTX: what PDL can take off the harness.
 func BenchmarkGraphForkJoinFloor(b *testing.B) {
 	requireGPU(b)
 	dev, err := driver.GetDevice(0)
@@ -45,7 +69,19 @@ func BenchmarkGraphForkJoinFloor(b *testing.B) {
 	defer mod.Close()
 	fn, err := mod.Function("goccl_floor_empty")
 	require.NoError(b, err)
-	for _, harness := range []string{"fork-main", "fork-rank0", "per-rank"} {
+	harnesses := []string{"fork-main", "fork-rank0", "per-rank"}
+	pdlFn := map[string]*driver.Function{}
+	if major, _, err := dev.ComputeCapability(); err == nil && major >= 9 && driver.Has(driver.FeatureLaunchEx) {
+		pdlMod, err := c.LoadModule("goccl_floor_pdl", []byte(pdlFloorPTX))
+		require.NoError(b, err)
+		defer pdlMod.Close()
+		for harness, name := range map[string]string{"fork-rank0-pdl": "goccl_floor_pdl", "fork-rank0-pdl-early": "goccl_floor_pdl_early"} {
+			pdlFn[harness], err = pdlMod.Function(name)
+			require.NoError(b, err)
+			harnesses = append(harnesses, harness)
+		}
+	}
+	for _, harness := range harnesses {
 		for _, ws := range []int{2, 4, 8} {
 			b.Run(fmt.Sprintf("%s/ws%d", harness, ws), func(b *testing.B) {
 				f := newFloor(b, c, ws)
@@ -55,6 +91,10 @@ func BenchmarkGraphForkJoinFloor(b *testing.B) {
 					for _, s := range f.streams {
 						graphs = append(graphs, f.capture(b, s, func() { f.launch(b, s, fn) }))
 					}
+				case "fork-rank0-pdl", "fork-rank0-pdl-early":
+					graphs = append(graphs, f.capture(b, f.main, func() {
+						f.forkJoinLayer(b, true, func(_ int, s *driver.Stream) { f.launchPDL(b, s, pdlFn[harness]) })
+					}))
 				default:
 					rank0 := harness == "fork-rank0"
 					graphs = append(graphs, f.capture(b, f.main, func() {
@@ -157,6 +197,12 @@ func (f *floor) launch(b *testing.B, s *driver.Stream, fn *driver.Function) {
 	require.NoError(b, driver.Launch(s, fn, &cfg, &args))
 }
 
+func (f *floor) launchPDL(b *testing.B, s *driver.Stream, fn *driver.Function) {
+	var args driver.Args
+	cfg := driver.LaunchConfig{Grid: [3]uint32{2, 1, 1}, Block: [3]uint32{512, 1, 1}}
+	require.NoError(b, driver.LaunchEx(s, fn, &cfg, &args, true))
+}
+
 // fork makes the rank streams (all, or all but the first with skipRank0) wait for main.
 func (f *floor) fork(b *testing.B, skipRank0 bool) {
 	require.NoError(b, f.forkEv.Record(f.main))
@@ -198,7 +244,8 @@ func (f *floor) forkJoinLayer(b *testing.B, rank0 bool, launch func(r int, s *dr
 // reference runs them (output not shared), twoshot-direct registers the outputs too, and
 // twoshot-direct-512 fixes 512-thread blocks (Options.ThreadsPerBlock) where the default
 // spreads a small shard over smaller ones; push-8blocks and push-32blocks change push's fixed
-// grid (Options.PushBlocks, default 16).
+// grid (Options.PushBlocks, default 16); the -nopdl variants launch without PDL
+// (Options.DisablePDL).
 //
 // The graph executor does not promise to run the kernels of one layer at once; if it does
 // not, the barrier waits for a kernel queued behind it until the watchdog (50 ms here) fires,
@@ -211,6 +258,7 @@ func BenchmarkAllReduceForkJoin(b *testing.B) {
 		threads        int
 		pushBlocks     int
 		registerOutput bool
+		noPDL          bool
 	}
 	variants := []variant{
 		{name: "oneshot", algo: collective.OneShot},
@@ -221,6 +269,10 @@ func BenchmarkAllReduceForkJoin(b *testing.B) {
 		// other fixed grids for push (default 16 blocks), at 16 KiB only
 		{name: "push-8blocks", algo: collective.Push, pushBlocks: 8},
 		{name: "push-32blocks", algo: collective.Push, pushBlocks: 32},
+		// without PDL (the default with virtual ranks on sm_90 since session 5)
+		{name: "oneshot-nopdl", algo: collective.OneShot, noPDL: true},
+		{name: "twoshot-direct-nopdl", algo: collective.TwoShot, registerOutput: true, noPDL: true},
+		{name: "push-nopdl", algo: collective.Push, noPDL: true},
 	}
 	for _, ws := range []int{2, 4, 8} {
 		for _, v := range variants {
@@ -232,7 +284,7 @@ func BenchmarkAllReduceForkJoin(b *testing.B) {
 				}
 				b.Run(fmt.Sprintf("ws%d/%s/%s", ws, v.name, sizeName(nbytes)), func(b *testing.B) {
 					opts := collective.Options{Algorithm: v.algo, MaxBytes: int64(nbytes), PushMaxBytes: int64(nbytes),
-						ThreadsPerBlock: v.threads, PushBlocks: v.pushBlocks, Timeout: 50 * time.Millisecond}
+						ThreadsPerBlock: v.threads, PushBlocks: v.pushBlocks, DisablePDL: v.noPDL, Timeout: 50 * time.Millisecond}
 					benchForkJoin(b, ws, opts, nbytes, v.registerOutput)
 				})
 			}
