@@ -93,6 +93,11 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 	a.Bytes(c.sig[:ws8], 8)
 	a.Bytes(buf[:ws8], 8)
 	a.U64(slot)
+	var flags uint32
+	if blocks <= c.earlyRoom {
+		flags |= ptx.FlagEarlyTrigger
+	}
+	a.U32(flags)
 	c.cfg = driver.LaunchConfig{Grid: [3]uint32{uint32(blocks), 1, 1}, Block: [3]uint32{uint32(threads), 1, 1}}
 	fn := c.kernels.fn[c.scope][algo][dt]
 	if c.pdl {

@@ -35,6 +35,7 @@ type Comm struct {
 	kernels    *kernelSet
 	scope      ptx.Scope // of the release/acquire barriers: ScopeGPU when every rank is on this GPU
 	pdl        bool      // launch with programmatic dependent launch
+	earlyRoom  int       // the largest grid that may trigger its dependents early (earlyTriggerRoom)
 	blocks     int       // block limit of OneShot and TwoShot
 	pushBlocks int       // block count of every Push launch
 	allLocal   bool      // every rank lives in this process
@@ -348,13 +349,11 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	}
 	c.blocks = blockCap(c.opts.Blocks, smsOnGPU, blocksPerSM, maxOnGPU)
 	c.pushBlocks = blockCap(c.opts.PushBlocks, smsOnGPU, blocksPerSM, maxOnGPU)
-	// PDL lets the next kernel launch before this one has finished. With one rank per GPU the
-	// kernels may trigger it early. With several ranks on one GPU the next kernel's blocks
-	// could take the room that a peer's all-reduce, which this one still waits for, needs to
-	// become resident; only the GPU-scope kernels, which trigger after their last wait on a
-	// peer, are safe there (ptx.Spec.Scope).
-	c.pdl = major >= 9 && !c.opts.DisablePDL && driver.Has(driver.FeatureLaunchEx) &&
-		(maxOnGPU == 1 || c.scope == ptx.ScopeGPU)
+	// PDL lets the next kernel launch before this one has finished: by default once this one
+	// is past its last wait on a peer, which is safe however the ranks share GPUs; earlier
+	// for the grids that earlyRoom allows (ptx.FlagEarlyTrigger).
+	c.pdl = major >= 9 && !c.opts.DisablePDL && driver.Has(driver.FeatureLaunchEx)
+	c.earlyRoom = earlyTriggerRoom(max(c.blocks, c.pushBlocks), smsOnGPU, blocksPerSM, maxOnGPU)
 	c.timeout = c.opts.timeoutNanos()
 
 	if err := c.mapPeers(infos, fds); err != nil {
@@ -467,7 +466,7 @@ func checkParams(worldSize int) error {
 		name string
 		size int
 	}{{"p_inputs", 8}, {"p_outputs", 8}, {"p_out", 8}, {"p_nvec", 4}, {"p_rank", 4}, {"p_err", 8}, {"p_timeout", 8},
-		{"p_sig", 8 * worldSize}, {"p_buf", 8 * worldSize}, {"p_slot", 8}}
+		{"p_sig", 8 * worldSize}, {"p_buf", 8 * worldSize}, {"p_slot", 8}, {"p_flags", 4}}
 	got := ptx.Params(worldSize)
 	if len(got) != len(want) {
 		return fmt.Errorf("internal error: kernel catalog has %d parameters, launcher packs %d", len(got), len(want))

@@ -100,30 +100,29 @@ func (ks *kernelSet) load(spec ptx.Spec) (*driver.Function, int, error) {
 
 // useGPUScope makes sure the GPU-scope kernels are loaded and reports whether they can be
 // used: a kernel whose occupancy is below the set's maxBlocksPerSM (which the grids were
-// capped with) could deadlock, so the caller then keeps the system scope. In TwoShot the
-// scope changes the barriers; in every algorithm it moves the PDL trigger after the last
-// wait on a peer (ptx.Spec.Scope), which is what makes PDL safe on a shared GPU.
+// capped with) could deadlock, so the caller then keeps the system scope. Only TwoShot's code
+// depends on the scope (ptx.Spec.Scope); the other algorithms share the system-scope
+// functions.
 func (ks *kernelSet) useGPUScope() (bool, error) {
 	kernelCache.mu.Lock()
 	defer kernelCache.mu.Unlock()
 	if ks.gpuScopeChecked {
 		return ks.gpuScopeUsable, nil
 	}
-	var gpu [ptx.Push + 1][dtype.BFloat16 + 1]*driver.Function
-	for _, algo := range ptx.Algorithms {
-		for _, dt := range dtype.All {
-			fn, occ, err := ks.load(ptx.Spec{Algo: algo, DType: dt, WorldSize: ks.key.worldSize, Target: ks.key.target, Scope: ptx.ScopeGPU})
-			if err != nil {
-				return false, err
-			}
-			if occ < ks.maxBlocksPerSM {
-				ks.gpuScopeChecked = true
-				return false, nil
-			}
-			gpu[algo][dt] = fn
+	var twoShot [dtype.BFloat16 + 1]*driver.Function
+	for _, dt := range dtype.All {
+		fn, occ, err := ks.load(ptx.Spec{Algo: ptx.TwoShot, DType: dt, WorldSize: ks.key.worldSize, Target: ks.key.target, Scope: ptx.ScopeGPU})
+		if err != nil {
+			return false, err
 		}
+		if occ < ks.maxBlocksPerSM {
+			ks.gpuScopeChecked = true
+			return false, nil
+		}
+		twoShot[dt] = fn
 	}
-	ks.fn[ptx.ScopeGPU] = gpu
+	ks.fn[ptx.ScopeGPU] = ks.fn[ptx.ScopeSystem]
+	ks.fn[ptx.ScopeGPU][ptx.TwoShot] = twoShot
 	ks.gpuScopeChecked, ks.gpuScopeUsable = true, true
 	return true, nil
 }

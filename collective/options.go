@@ -75,14 +75,11 @@ type Options struct {
 	// MaxSlots bounds the registration table: one slot per registered buffer and per
 	// all-reduce captured in a graph (default DefaultMaxSlots).
 	MaxSlots int
-	// DisablePDL turns off programmatic dependent launch on sm_90 and later, where it is
-	// used with one rank per GPU and with every rank on one GPU (GPU scope, below).
+	// DisablePDL turns off programmatic dependent launch on sm_90 and later.
 	DisablePDL bool
-	// SystemScope keeps the system-scope kernels when every rank runs on one GPU, where the
-	// default GPU-scope ones are correct and cheaper: TwoShot's release/acquire barriers
-	// take about 1.2 us less per call, and their PDL trigger is safe with the peers on the
-	// same GPU (ptx.Spec.Scope). With SystemScope such ranks launch without PDL. This is for
-	// tests and comparisons.
+	// SystemScope keeps TwoShot's release/acquire barriers at system scope when every rank
+	// runs on one GPU, where the default GPU scope is enough and about 1.2 us cheaper per
+	// call (ptx.ScopeGPU). Both are correct there; this is for tests and comparisons.
 	SystemScope bool
 	// AllowNonNVLink lets NewGroup build a communicator over more than two GPUs that are not
 	// all linked by NVLink (correct, but usually slower than NCCL there).

@@ -65,6 +65,18 @@ const (
 	PhasePush = 4
 )
 
+// Launch flags: the bits of p_flags.
+const (
+	// FlagEarlyTrigger lets a kernel launched with PDL (sm_90) allow the next kernel of its
+	// stream to launch before its last wait on a peer: one-shot before its exit barrier, the
+	// direct two-shot before its delivered barrier, push after its sends. The next kernel's
+	// blocks then wait, in griddepcontrol.wait, next to this kernel's, so the host sets the
+	// flag only where both grids of every rank on the GPU fit at once (with one rank per GPU,
+	// always). Without it a kernel triggers only after its last wait on a peer (two-shot
+	// through tmp, after the middle barrier) or when it exits.
+	FlagEarlyTrigger = 1
+)
+
 // StaleAfterNs is the period at which a kernel waiting for a peer also checks
 // its own rank's error record (once per period and thread: it is host memory),
 // and gives up at once (without claiming the record) if an earlier kernel of

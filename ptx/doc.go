@@ -19,7 +19,7 @@
 // shared pieces:
 //
 //	header, entry   .version 7.8 / .target / .address_size, and the .entry
-//	                signature (the same ten parameters for every kernel)
+//	                signature (the same eleven parameters for every kernel)
 //	registers,      the registers every piece may use, the grid-stride mapping,
 //	prologue        griddepcontrol.wait on sm_90, "timeout 0 = forever"
 //	barrier         the two-phase counter barrier of the seed (lines ① to ⑥):

@@ -22,14 +22,6 @@ type Spec struct {
 	// Scope of the release/acquire barriers (two-shot's middle and delivered barriers; the
 	// other barriers and push use volatile flags, which need no scope). The zero value,
 	// ScopeSystem, is always correct; ScopeGPU only when every rank is on one device.
-	//
-	// On SM90 the scope also places the PDL trigger (griddepcontrol.launch_dependents).
-	// ScopeSystem kernels trigger before their last wait on a peer, so that the next kernel
-	// of the stream launches while the peers catch up. With every rank on one GPU that could
-	// deadlock: the next kernel's waiting blocks take room that a peer's blocks, which this
-	// kernel still waits for, need to become resident. ScopeGPU kernels therefore trigger
-	// only after their last wait on a peer (two-shot through tmp), or not at all (the
-	// implicit trigger at exit), and the launcher may use PDL with them on a shared GPU.
 	Scope Scope
 }
 
@@ -120,19 +112,16 @@ func args(kv ...any) (map[string]any, error) {
 
 // kernel is what the templates see: everything that varies between kernels.
 type kernel struct {
-	Entry  string
-	Algo   string
-	DType  string // "bf16", "f16" or "f32"
-	Target string // "sm_80" or "sm_90"
-	PDL    bool   // programmatic dependent launch (griddepcontrol), sm_90 only
-	// EarlyTrigger: PDL, and the kernel may let the next one launch before its last wait on
-	// a peer (ScopeSystem only: see Spec.Scope).
-	EarlyTrigger bool
-	Scope        string // "sys" or "gpu": the scope of the release/acquire barriers
-	WS           int
-	Ranks        []int // 0..WS-1, the unrolled rank loops
-	Rotated      bool  // inputs taken in the order rank, rank+1, ... (two-shot)
-	Elems        int   // elements per 16-byte vector
+	Entry   string
+	Algo    string
+	DType   string // "bf16", "f16" or "f32"
+	Target  string // "sm_80" or "sm_90"
+	PDL     bool   // programmatic dependent launch (griddepcontrol), sm_90 only
+	Scope   string // "sys" or "gpu": the scope of the release/acquire barriers
+	WS      int
+	Ranks   []int // 0..WS-1, the unrolled rank loops
+	Rotated bool  // inputs taken in the order rank, rank+1, ... (two-shot)
+	Elems   int   // elements per 16-byte vector
 	// LaneMask has the non-sign bits of every element of a 32-bit word set,
 	// SignMask the sign bits, LowOnes the lowest bit of every element.
 	LaneMask, SignMask, LowOnes string
@@ -150,26 +139,27 @@ type abiConsts struct {
 	PhaseNone, PhaseEntry, PhaseMiddle int
 	PhaseExit, PhasePush               int
 	StaleAfterNs                       int
+	FlagEarlyTrigger                   int
 }
 
 func newKernel(s Spec) *kernel {
 	k := &kernel{
-		Entry:        s.EntryName(),
-		Algo:         s.Algo.String(),
-		DType:        s.DType.String(),
-		Target:       s.Target.String(),
-		PDL:          s.Target == SM90,
-		EarlyTrigger: s.Target == SM90 && s.Scope == ScopeSystem,
-		Scope:        s.Scope.String(),
-		WS:           s.WorldSize,
-		Rotated:      s.Algo == TwoShot,
-		Elems:        VectorBytes / s.DType.Size(),
+		Entry:   s.EntryName(),
+		Algo:    s.Algo.String(),
+		DType:   s.DType.String(),
+		Target:  s.Target.String(),
+		PDL:     s.Target == SM90,
+		Scope:   s.Scope.String(),
+		WS:      s.WorldSize,
+		Rotated: s.Algo == TwoShot,
+		Elems:   VectorBytes / s.DType.Size(),
 		ABI: abiConsts{
 			SelfCounter: SelfCounterOffset, PeerCounter: PeerCounterOffset, PushEpoch: PushEpochOffset,
 			CodeTimeout: ErrCodeTimeout, CodeUnfilled: ErrCodeUnfilledSlot,
 			PhaseNone: PhaseNone, PhaseEntry: PhaseEntry, PhaseMiddle: PhaseMiddle,
 			PhaseExit: PhaseExit, PhasePush: PhasePush, StaleAfterNs: StaleAfterNs,
-			Lanes: MaxRanks, PhaseSlots: MaxBlocks * MaxRanks,
+			FlagEarlyTrigger: FlagEarlyTrigger,
+			Lanes:            MaxRanks, PhaseSlots: MaxBlocks * MaxRanks,
 		},
 	}
 	for r := range s.WorldSize {

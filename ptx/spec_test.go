@@ -72,13 +72,13 @@ func TestEntrySignature(t *testing.T) {
 
 func TestParams(t *testing.T) {
 	p := Params(8)
-	require.Len(t, p, 10)
+	require.Len(t, p, 11)
 	var names []string
 	for _, q := range p {
 		names = append(names, q.Name)
 		assert.Zero(t, q.Size%q.Align, "%s: size is a multiple of its alignment", q.Name)
 	}
-	assert.Equal(t, []string{"p_inputs", "p_outputs", "p_out", "p_nvec", "p_rank", "p_err", "p_timeout", "p_sig", "p_buf", "p_slot"}, names)
+	assert.Equal(t, []string{"p_inputs", "p_outputs", "p_out", "p_nvec", "p_rank", "p_err", "p_timeout", "p_sig", "p_buf", "p_slot", "p_flags"}, names)
 	assert.Equal(t, Param{"p_sig", 64, 8}, p[7])
 	assert.Equal(t, Param{"p_buf", 24, 8}, Params(3)[8])
 	assert.Equal(t, Param{"p_nvec", 4, 4}, p[3])
@@ -137,20 +137,21 @@ func TestGenerate(t *testing.T) {
 		assert.True(t, has(text, "\n.address_size 64\n"), name)
 		assert.True(t, has(text, "\n.maxntid 512, 1, 1\n"), name)
 		assert.Equal(t, 1, strings.Count(instr, ".entry "), name)
-		// PDL only where the ISA has it. The trigger: ScopeSystem kernels have one before
-		// their last wait on a peer (two-shot: one per path); ScopeGPU ones none before such
-		// a wait (two-shot's after the middle barrier is after its last).
+		// PDL only where the ISA has it. Every kernel has one trigger that FlagEarlyTrigger
+		// guards (before its last wait on a peer); two-shot has one more, after its middle
+		// barrier, that it does not need to guard.
 		pdl := s.Target == SM90
 		assert.Equal(t, pdl, has(instr, "griddepcontrol.wait;"), name)
-		triggers := 0
-		switch {
-		case !pdl:
-		case s.Algo == TwoShot && s.Scope == ScopeSystem:
-			triggers = 2
-		case s.Algo == TwoShot || s.Scope == ScopeSystem:
-			triggers = 1
+		assert.Equal(t, pdl, has(instr, "ld.param.u32 %t0, [p_flags];"), name)
+		guarded, unguarded := 0, 0
+		if pdl {
+			guarded = 1
+			if s.Algo == TwoShot {
+				unguarded = 1
+			}
 		}
-		assert.Equal(t, triggers, strings.Count(instr, "griddepcontrol.launch_dependents;"), name)
+		assert.Equal(t, guarded, strings.Count(instr, "@%early griddepcontrol.launch_dependents;"), name)
+		assert.Equal(t, unguarded, strings.Count(instr, "\tgriddepcontrol.launch_dependents;"), name)
 	}
 }
 
@@ -337,10 +338,9 @@ func TestEntryName(t *testing.T) {
 	assert.Equal(t, []string{"sys", "gpu"}, []string{ScopeSystem.String(), ScopeGPU.String()})
 }
 
-// TestScope checks that the scope changes only the release/acquire barriers and the PDL
-// trigger: one-shot and push are the same instructions in both scopes but for the trigger
-// that ScopeGPU drops, two-shot differs in exactly its four release/acquire flags and the
-// trigger of its direct path.
+// TestScope checks that the scope changes only the release/acquire barriers: one-shot and
+// push are the same instructions in both scopes, two-shot differs in exactly its four
+// release/acquire flags.
 func TestScope(t *testing.T) {
 	for _, s := range allSpecs() {
 		if s.Scope != ScopeSystem {
@@ -360,16 +360,12 @@ func TestScope(t *testing.T) {
 		}
 		sys, other := instructions(s), instructions(gpu)
 		other = strings.ReplaceAll(other, gpu.EntryName(), s.EntryName())
-		if s.Target == SM90 {
-			// the early trigger, the first one in two-shot (its direct path)
-			const trigger = "\n\tgriddepcontrol.launch_dependents;"
-			require.Contains(t, sys, trigger, variantName(s))
-			sys = strings.Replace(sys, trigger, "", 1)
+		if s.Algo != TwoShot {
+			assert.Equal(t, sys, other, variantName(s))
+			continue
 		}
-		if s.Algo == TwoShot {
-			other = strings.ReplaceAll(other, "st.release.gpu.", "st.release.sys.")
-			other = strings.ReplaceAll(other, "ld.acquire.gpu.", "ld.acquire.sys.")
-		}
+		other = strings.ReplaceAll(other, "st.release.gpu.", "st.release.sys.")
+		other = strings.ReplaceAll(other, "ld.acquire.gpu.", "ld.acquire.sys.")
 		assert.Equal(t, sys, other, variantName(s))
 	}
 }
