@@ -24,9 +24,9 @@ const emptyKernelPTX = `
 `
 
 // pdlFloorPTX holds the floor's empty kernels for PDL launches (sm_90): goccl_floor_pdl waits
-// for its predecessor and lets its dependents launch when it exits, as goccl's GPU-scope
-// kernels do; goccl_floor_pdl_early lets them launch first thing, as the system-scope
-// kernels do before their last wait on a peer.
+// for its predecessor and lets its dependents launch when it exits, as goccl's kernels do
+// without ptx.FlagEarlyTrigger; goccl_floor_pdl_early lets them launch first thing, as they
+// do with it.
 const pdlFloorPTX = `
 .version 7.8
 .target sm_90
@@ -89,16 +89,16 @@ func BenchmarkGraphForkJoinFloor(b *testing.B) {
 				switch harness {
 				case "per-rank":
 					for _, s := range f.streams {
-						graphs = append(graphs, f.capture(b, s, func() { f.launch(b, s, fn) }))
+						graphs = append(graphs, f.capture(b, s, func() { f.launch(b, s, fn, false) }))
 					}
 				case "fork-rank0-pdl", "fork-rank0-pdl-early":
 					graphs = append(graphs, f.capture(b, f.main, func() {
-						f.forkJoinLayer(b, true, func(_ int, s *driver.Stream) { f.launchPDL(b, s, pdlFn[harness]) })
+						f.forkJoinLayer(b, true, func(_ int, s *driver.Stream) { f.launch(b, s, pdlFn[harness], true) })
 					}))
 				default:
 					rank0 := harness == "fork-rank0"
 					graphs = append(graphs, f.capture(b, f.main, func() {
-						f.forkJoinLayer(b, rank0, func(_ int, s *driver.Stream) { f.launch(b, s, fn) })
+						f.forkJoinLayer(b, rank0, func(_ int, s *driver.Stream) { f.launch(b, s, fn, false) })
 					}))
 				}
 				defer func() {
@@ -191,16 +191,15 @@ func (f *floor) capture(b *testing.B, s *driver.Stream, layer func()) *driver.Gr
 	return x
 }
 
-func (f *floor) launch(b *testing.B, s *driver.Stream, fn *driver.Function) {
+// launch queues one empty kernel of the floor on s, with PDL or without.
+func (f *floor) launch(b *testing.B, s *driver.Stream, fn *driver.Function, pdl bool) {
 	var args driver.Args
 	cfg := driver.LaunchConfig{Grid: [3]uint32{2, 1, 1}, Block: [3]uint32{512, 1, 1}}
+	if pdl {
+		require.NoError(b, driver.LaunchEx(s, fn, &cfg, &args, true))
+		return
+	}
 	require.NoError(b, driver.Launch(s, fn, &cfg, &args))
-}
-
-func (f *floor) launchPDL(b *testing.B, s *driver.Stream, fn *driver.Function) {
-	var args driver.Args
-	cfg := driver.LaunchConfig{Grid: [3]uint32{2, 1, 1}, Block: [3]uint32{512, 1, 1}}
-	require.NoError(b, driver.LaunchEx(s, fn, &cfg, &args, true))
 }
 
 // fork makes the rank streams (all, or all but the first with skipRank0) wait for main.
@@ -269,7 +268,7 @@ func BenchmarkAllReduceForkJoin(b *testing.B) {
 		// other fixed grids for push (default 16 blocks), at 16 KiB only
 		{name: "push-8blocks", algo: collective.Push, pushBlocks: 8},
 		{name: "push-32blocks", algo: collective.Push, pushBlocks: 32},
-		// without PDL (the default with virtual ranks on sm_90 since session 5)
+		// without PDL (the default on sm_90)
 		{name: "oneshot-nopdl", algo: collective.OneShot, noPDL: true},
 		{name: "twoshot-direct-nopdl", algo: collective.TwoShot, registerOutput: true, noPDL: true},
 		{name: "push-nopdl", algo: collective.Push, noPDL: true},
