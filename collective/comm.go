@@ -35,7 +35,7 @@ type Comm struct {
 	kernels    *kernelSet
 	scope      ptx.Scope // of the release/acquire barriers: ScopeGPU when every rank is on this GPU
 	pdl        bool      // launch with programmatic dependent launch
-	earlyRoom  int       // the largest grid that may trigger its dependents early (earlyTriggerRoom)
+	earlyRoom  int       // the largest grid that may trigger its dependents early (ptx.EarlyTriggerRoom)
 	blocks     int       // block limit of OneShot and TwoShot
 	pushBlocks int       // block count of every Push launch
 	allLocal   bool      // every rank lives in this process
@@ -353,7 +353,7 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	// is past its last wait on a peer, which is safe however the ranks share GPUs; earlier
 	// for the grids that earlyRoom allows (ptx.FlagEarlyTrigger).
 	c.pdl = major >= 9 && !c.opts.DisablePDL && driver.Has(driver.FeatureLaunchEx)
-	c.earlyRoom = earlyTriggerRoom(max(c.blocks, c.pushBlocks), smsOnGPU, blocksPerSM, maxOnGPU)
+	c.earlyRoom = ptx.EarlyTriggerRoom(max(c.blocks, c.pushBlocks), smsOnGPU*blocksPerSM, maxOnGPU)
 	c.timeout = c.opts.timeoutNanos()
 
 	if err := c.mapPeers(infos, fds); err != nil {

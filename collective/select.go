@@ -115,21 +115,6 @@ func spreadThreads(work, blocks int) int {
 	return min(ptx.ThreadsPerBlock, max(MinThreadsPerBlock, (perBlock+31)/32*32))
 }
 
-// earlyTriggerRoom is the largest grid that may let the next kernel of its stream launch
-// before its last wait on a peer (ptx.FlagEarlyTrigger), so that the next kernel's blocks,
-// waiting for it, can never take room that a peer's blocks need. With ranks sharing the GPU
-// each rank has at most two grids of ours there at once: the next kernel triggers only after
-// its griddepcontrol.wait, so the one after it launches once the first is complete. A grid of
-// at most the returned size next to any grid of the rank (at most maxBlocks) then stays within
-// the rank's share of the resident blocks, the share blockCap gives it. With one rank per GPU
-// the next kernel only waits for this one, whatever its size.
-func earlyTriggerRoom(maxBlocks, smCount, blocksPerSM, ranksOnGPU int) int {
-	if ranksOnGPU <= 1 {
-		return ptx.MaxBlocks
-	}
-	return smCount*blocksPerSM/ranksOnGPU - maxBlocks
-}
-
 // blockCap is how many blocks each rank may launch so that the blocks of all ranks sharing
 // one GPU are resident at once: a block that cannot be scheduled while its peers spin waiting
 // for it would deadlock the barrier (the watchdog would then fire).

@@ -103,25 +103,6 @@ func TestBlockCap(t *testing.T) {
 	assert.Equal(t, 1, blockCap(36, 4, 1, 16), "never zero")
 }
 
-func TestEarlyTriggerRoom(t *testing.T) {
-	assert.Equal(t, ptx.MaxBlocks, earlyTriggerRoom(36, 132, 1, 1), "one rank per GPU: every grid")
-	// H200, 2 virtual ranks, 3 blocks per SM: a share of 198 blocks, 162 of them beside a grid of 36
-	assert.Equal(t, 162, earlyTriggerRoom(36, 132, 3, 2))
-	// 8 virtual ranks, 1 block per SM: the share is 16 blocks, a 16-block grid fills it
-	assert.Equal(t, 0, earlyTriggerRoom(16, 132, 1, 8))
-	assert.Less(t, earlyTriggerRoom(33, 132, 4, 16), 1, "16 ranks at 33 blocks: none")
-	// the invariant: an early grid next to the rank's largest fits in its share
-	for _, ranks := range []int{2, 3, 4, 8, 16} {
-		for _, bps := range []int{1, 2, 3, 4} {
-			maxBlocks := blockCap(36, 132, bps, ranks)
-			room := earlyTriggerRoom(maxBlocks, 132, bps, ranks)
-			for blocks := 1; blocks <= room; blocks++ {
-				assert.LessOrEqual(t, blocks+maxBlocks, 132*bps/ranks)
-			}
-		}
-	}
-}
-
 func TestOptionsDefaultsAndValidation(t *testing.T) {
 	t.Setenv("GOCCL_ALGO", "")
 	o, err := Options{}.withDefaults()

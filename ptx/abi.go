@@ -77,6 +77,23 @@ const (
 	FlagEarlyTrigger = 1
 )
 
+// EarlyTriggerRoom is the host's rule for FlagEarlyTrigger: the largest grid that may carry
+// it when ranksOnGPU ranks share a GPU that holds slots resident blocks (SMs times blocks per
+// SM at ThreadsPerBlock), and each rank's grids, at most maxBlocks, are capped to its share,
+// slots/ranksOnGPU. A rank has at most two of its grids on the GPU at once: the one running
+// and the next, launched by the first's trigger; the next triggers only after its
+// griddepcontrol.wait, so the one after that launches once the first is complete. A flagged
+// grid next to any grid of the rank then stays within the rank's share, and every block
+// that a waiting block waits for can become resident. With one rank per GPU the next kernel
+// waits only for this one, so every grid (up to MaxBlocks) may carry the flag. A result
+// below 1 means none may. internal/protomodel's residency model checks the rule.
+func EarlyTriggerRoom(maxBlocks, slots, ranksOnGPU int) int {
+	if ranksOnGPU <= 1 {
+		return MaxBlocks
+	}
+	return slots/ranksOnGPU - maxBlocks
+}
+
 // StaleAfterNs is the period at which a kernel waiting for a peer also checks
 // its own rank's error record (once per period and thread: it is host memory),
 // and gives up at once (without claiming the record) if an earlier kernel of

@@ -46,6 +46,17 @@
 // previous kernel. With the exit barrier no block ever reads another call's
 // data; without it a stale read must be caught.
 //
+// Residency (Residency). The runs above assume every block runs; with ranks
+// sharing a GPU that needs every block they wait for to be resident, and PDL
+// lets a rank's next kernel hold slots while it waits for the previous one.
+// This model is a state machine rather than goroutines: slots, each rank's
+// queued calls, kernel launch (at the predecessor's exit without PDL; with
+// PDL once its every block triggered, early or past its wait on peers) and
+// each block's way through griddepcontrol.wait, its wait on peers and its
+// exit, with a random enabled step at a time. ptx.EarlyTriggerRoom's rule must
+// never deadlock; the broken rule EarlyAlways, and a room one block larger
+// than the rule's, must.
+//
 // Failures are errors: ErrEarlyPass, ErrWrongSum, ErrStaleRead, and a
 // *DeadlockError (errors.Is ErrDeadlock) from a progress watchdog that stops a
 // run when nothing progressed for the stall time, listing every spin loop that
@@ -63,8 +74,9 @@
 // orders to the whole block, and that 16-byte vector stores may land in parts
 // (the push model polls per element, which covers the protocol but not the
 // hardware). Also outside the model: the watchdog timeout path and error
-// record, griddepcontrol (PDL), the two-shot middle barrier and tmp-buffer
-// reuse, a block count that changes between push calls, and forward
-// progress: the model assumes every block of every rank runs, which on a GPU
-// needs all blocks resident (blocks capped by occupancy with virtual ranks).
+// record, the two-shot middle barrier and tmp-buffer reuse, and a block count
+// that changes between push calls. Forward progress is only in Residency,
+// which counts slots in blocks of the largest size (ThreadsPerBlock), as
+// collective's caps do; the block scheduler's real packing of smaller blocks
+// is not modelled.
 package protomodel
