@@ -75,10 +75,10 @@ func BenchmarkGraphForkJoinFloor(b *testing.B) {
 		pdlMod, err := c.LoadModule("goccl_floor_pdl", []byte(pdlFloorPTX))
 		require.NoError(b, err)
 		defer pdlMod.Close()
-		for harness, name := range map[string]string{"fork-rank0-pdl": "goccl_floor_pdl", "fork-rank0-pdl-early": "goccl_floor_pdl_early"} {
-			pdlFn[harness], err = pdlMod.Function(name)
+		for _, h := range [][2]string{{"fork-rank0-pdl", "goccl_floor_pdl"}, {"fork-rank0-pdl-early", "goccl_floor_pdl_early"}} {
+			pdlFn[h[0]], err = pdlMod.Function(h[1])
 			require.NoError(b, err)
-			harnesses = append(harnesses, harness)
+			harnesses = append(harnesses, h[0])
 		}
 	}
 	for _, harness := range harnesses {

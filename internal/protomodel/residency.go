@@ -53,8 +53,6 @@ type ResidencyConfig struct {
 
 // ResidencyStats says what a residency run exercised.
 type ResidencyStats struct {
-	// Steps is the number of transitions taken.
-	Steps int
 	// Overlaps counts the blocks placed on the GPU while the same rank's previous kernel
 	// was still there: the situation the trigger rule is about.
 	Overlaps int
@@ -123,7 +121,6 @@ func Residency(cfg ResidencyConfig) (ResidencyStats, error) {
 			return m.stats, m.deadlock()
 		}
 		moves[rng.IntN(len(moves))]()
-		m.stats.Steps++
 	}
 }
 
