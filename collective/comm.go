@@ -90,7 +90,7 @@ func newArenaLayout(o Options, worldSize int) arenaLayout {
 	maxVec := uint64(o.MaxBytes) / ptx.VectorBytes
 	l.recv = l.tmp + (maxVec/uint64(worldSize)+uint64(worldSize))*ptx.VectorBytes
 	l.recvSlot = uint64(o.PushMaxBytes)
-	l.total = l.recv + 2*uint64(worldSize)*l.recvSlot
+	l.total = l.recv + uint64(ptx.PushParts(worldSize)*worldSize)*l.recvSlot
 	return l
 }
 

@@ -50,7 +50,8 @@ type Options struct {
 	// about 2*MaxBytes of staging memory.
 	MaxBytes int64
 	// PushMaxBytes is the largest all-reduce the Push algorithm takes (default
-	// DefaultPushMaxBytes). Each rank holds 2 * world size * PushMaxBytes of receive buffers.
+	// DefaultPushMaxBytes). Each rank holds ptx.PushParts(world size) * world size * PushMaxBytes
+	// of receive buffers (2 or 3 parts).
 	PushMaxBytes int64
 	// Algorithm forces one algorithm for every call (default Auto: the selection table, or
 	// the GOCCL_ALGO environment variable: oneshot, twoshot or push).

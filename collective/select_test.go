@@ -159,7 +159,7 @@ func TestArenaLayout(t *testing.T) {
 		assert.Equal(t, uint64(ptx.SignalBytes), l.staging)
 		assert.GreaterOrEqual(t, l.tmp-l.staging, uint64(o.MaxBytes), "staging holds a whole input")
 		assert.GreaterOrEqual(t, l.recv-l.tmp, 16*largest, "tmp holds the largest two-shot shard")
-		assert.Equal(t, l.recv+2*uint64(ws)*uint64(o.PushMaxBytes), l.total, "two epochs of ws receive slots")
+		assert.Equal(t, l.recv+uint64(ptx.PushParts(ws)*ws)*uint64(o.PushMaxBytes), l.total, "PushParts parts (calls) of ws receive slots")
 		assert.Zero(t, l.tmp%16)
 		assert.Zero(t, l.recv%16)
 	}

@@ -31,8 +31,12 @@ const (
 	// (u32): the flags the peers write into this rank's region.
 	PeerCounterOffset = 4096
 	// PushEpochOffset is the byte offset of push_epoch[64 blocks] (u32): the
-	// epoch of each block of the push kernel.
+	// receive part (0 to PushParts-1) of each block's next push call.
 	PushEpochOffset = 12288
+	// PushPendingOffset is the byte offset of push_pending[64 blocks] ({u32 nvec,
+	// u32 ntid}): the shape of block b's previous push call if that call left its
+	// receive slots to be re-armed by the next one (its deferred re-arm), else zeros.
+	PushPendingOffset = 12544
 )
 
 // Error record: ErrRecordBytes of u32 words {code, rank, block, peer, phase,
@@ -100,3 +104,22 @@ func EarlyTriggerRoom(maxBlocks, slots, ranksOnGPU int) int {
 // the rank already failed: after one timeout, the kernels queued behind it
 // leave within a period each instead of waiting out the whole timeout in turn.
 const StaleAfterNs = 65536
+
+// DeferRearmMinRanks is the smallest world size whose push kernel defers the re-arm of its
+// receive slots to the next call when every thread has at most one vector (docs/kernel-abi.md,
+// push). The zero stores then go out while the rank waits for its slowest peer instead of after
+// its last receive. With 8 virtual ranks on an H200 that takes 0.25 us off 16 KiB; with 4 it
+// cost 0.08 us, with 2 0.05 (there is less waiting to hide them in); 5 to 7 ranks were not
+// measured and keep the re-arm after the receive (docs/benchmarks.md).
+const DeferRearmMinRanks = 8
+
+// PushParts is the number of parts of a push receive buffer, each ws slots of p_slot bytes,
+// that the push kernel of worldSize ranks cycles through: 2, or 3 where it may defer its
+// re-arm (a deferred re-arm completes one call later, so the part it zeroes must not be the
+// next call's).
+func PushParts(worldSize int) int {
+	if worldSize >= DeferRearmMinRanks {
+		return 3
+	}
+	return 2
+}

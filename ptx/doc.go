@@ -69,7 +69,7 @@
 //     by a peer (push);
 //   - two-shot: each tmp buffer holds part + nvec%ws vectors
 //     (part = nvec/ws);
-//   - push: receive buffers hold 2*ws slots of p_slot >= nvec*16 bytes and
+//   - push: receive buffers hold PushParts(ws)*ws slots of p_slot >= nvec*16 bytes and
 //     are zero when created (all zero bits = "not arrived"); the result of an
 //     element whose every input is zero is -0.0, as +0.0 travels as -0.0;
 //   - after an error record (a timeout), the signal region and the push

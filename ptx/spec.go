@@ -121,7 +121,10 @@ type kernel struct {
 	WS      int
 	Ranks   []int // 0..WS-1, the unrolled rank loops
 	Rotated bool  // inputs taken in the order rank, rank+1, ... (two-shot)
-	Elems   int   // elements per 16-byte vector
+	// DeferRearm: push may leave the re-arm of its receive slots to the next call (see
+	// templates/push.ptx.tmpl), from DeferRearmMinRanks ranks on
+	DeferRearm bool
+	Elems      int // elements per 16-byte vector
 	// LaneMask has the non-sign bits of every element of a 32-bit word set,
 	// SignMask the sign bits, LowOnes the lowest bit of every element.
 	LaneMask, SignMask, LowOnes string
@@ -131,7 +134,7 @@ type kernel struct {
 // abiConsts hands the Go constants of abi.go to the templates, so the
 // offsets, codes and phases are written down once.
 type abiConsts struct {
-	SelfCounter, PeerCounter, PushEpoch int
+	SelfCounter, PeerCounter, PushEpoch, PushPending int
 	// Lanes is the u32 counters per block (16*b + lane), PhaseSlots the
 	// counters per phase of peer_counter (1024*ph + 16*b + rank).
 	Lanes, PhaseSlots                  int
@@ -140,26 +143,28 @@ type abiConsts struct {
 	PhaseExit, PhasePush               int
 	StaleAfterNs                       int
 	FlagEarlyTrigger                   int
+	PushParts                          int
 }
 
 func newKernel(s Spec) *kernel {
 	k := &kernel{
-		Entry:   s.EntryName(),
-		Algo:    s.Algo.String(),
-		DType:   s.DType.String(),
-		Target:  s.Target.String(),
-		PDL:     s.Target == SM90,
-		Scope:   s.Scope.String(),
-		WS:      s.WorldSize,
-		Rotated: s.Algo == TwoShot,
-		Elems:   VectorBytes / s.DType.Size(),
+		Entry:      s.EntryName(),
+		Algo:       s.Algo.String(),
+		DType:      s.DType.String(),
+		Target:     s.Target.String(),
+		PDL:        s.Target == SM90,
+		Scope:      s.Scope.String(),
+		WS:         s.WorldSize,
+		Rotated:    s.Algo == TwoShot,
+		DeferRearm: s.Algo == Push && s.WorldSize >= DeferRearmMinRanks,
+		Elems:      VectorBytes / s.DType.Size(),
 		ABI: abiConsts{
-			SelfCounter: SelfCounterOffset, PeerCounter: PeerCounterOffset, PushEpoch: PushEpochOffset,
+			SelfCounter: SelfCounterOffset, PeerCounter: PeerCounterOffset, PushEpoch: PushEpochOffset, PushPending: PushPendingOffset,
 			CodeTimeout: ErrCodeTimeout, CodeUnfilled: ErrCodeUnfilledSlot,
 			PhaseNone: PhaseNone, PhaseEntry: PhaseEntry, PhaseMiddle: PhaseMiddle,
 			PhaseExit: PhaseExit, PhasePush: PhasePush, StaleAfterNs: StaleAfterNs,
-			FlagEarlyTrigger: FlagEarlyTrigger,
-			Lanes:            MaxRanks, PhaseSlots: MaxBlocks * MaxRanks,
+			FlagEarlyTrigger: FlagEarlyTrigger, PushParts: PushParts(s.WorldSize),
+			Lanes: MaxRanks, PhaseSlots: MaxBlocks * MaxRanks,
 		},
 	}
 	for r := range s.WorldSize {

@@ -407,7 +407,8 @@ func TestTargetFor(t *testing.T) {
 func TestABILayout(t *testing.T) {
 	assert.LessOrEqual(t, SelfCounterOffset+4*MaxBlocks*MaxRanks, PeerCounterOffset)
 	assert.LessOrEqual(t, PeerCounterOffset+4*2*MaxBlocks*MaxRanks, PushEpochOffset)
-	assert.LessOrEqual(t, PushEpochOffset+4*MaxBlocks, SignalBytes)
+	assert.LessOrEqual(t, PushEpochOffset+4*MaxBlocks, PushPendingOffset)
+	assert.LessOrEqual(t, PushPendingOffset+8*MaxBlocks, SignalBytes)
 	assert.Equal(t, 8*4, ErrRecordBytes)
 
 	two := generate(t, Spec{TwoShot, dtype.Float32, 4, SM80, ScopeSystem})
@@ -415,5 +416,18 @@ func TestABILayout(t *testing.T) {
 	assert.True(t, bytes.Contains(two, []byte(fmt.Sprintf("mul.lo.u32 %%k, %%k, %d;", MaxBlocks*MaxRanks))))
 	push := generate(t, Spec{Push, dtype.Float32, 4, SM80, ScopeSystem})
 	assert.True(t, bytes.Contains(push, []byte(fmt.Sprintf("[%%ep+%d]", PushEpochOffset))))
+	// the deferred re-arm's record: only where the kernel may defer, with three parts
+	assert.False(t, bytes.Contains(push, []byte("%pend")))
+	assert.True(t, bytes.Contains(push, []byte("setp.ge.u32 %p0, %epoch, 2;")))
+	deferring := generate(t, Spec{Push, dtype.Float32, DeferRearmMinRanks, SM80, ScopeSystem})
+	assert.True(t, bytes.Contains(deferring, []byte(fmt.Sprintf("[%%pend+%d]", PushPendingOffset))))
+	assert.True(t, bytes.Contains(deferring, []byte("setp.ge.u32 %p0, %epoch, 3;")))
+	for ws := 2; ws <= MaxRanks; ws++ {
+		want := 2
+		if ws >= DeferRearmMinRanks {
+			want = 3
+		}
+		assert.Equal(t, want, PushParts(ws), "ws %d", ws)
+	}
 	assert.True(t, bytes.Contains(push, []byte(fmt.Sprintf("[%%err+12], %%peer;\n\tst.global.u32 [%%err+16], %d;", PhasePush))))
 }

@@ -31,15 +31,20 @@
 // round its peer has not read, a deadlock) and GreaterOrEqual (>= instead of
 // !=: passes early once the counter wraps) must be caught.
 //
-// Push (Push). Receive buffer of rank r: [2 halves][ws sources][n]; all-zero
-// bits mean "not arrived". Block b reads push_epoch[b] = e and uses half e&1;
-// each thread sends its grid-stride elements to slot (h, rank) of every rank
+// Push (Push). Receive buffer of rank r: [P parts][ws sources][n]; all-zero
+// bits mean "not arrived". Block b reads push_epoch[b] = t and uses part t;
+// each thread sends its grid-stride elements to slot (t, rank) of every rank
 // with +0.0 sent as -0.0 (st.volatile.global.v4.b32), then for each element
-// polls slots (h, 0..ws-1) in order until non-zero (ld.volatile.global.v4.b32),
-// adds in float32, and re-arms the slots with zeros; after the block is done,
-// push_epoch[b] = e+1. Every call uses the same block count, with fresh random
-// data, and every sum is compared bitwise to internal/ref.Push. The broken
-// variant OneHalf (no alternation) must be caught by a wrong sum or a deadlock.
+// polls slots (t, 0..ws-1) in order until non-zero (ld.volatile.global.v4.b32)
+// and adds in float32. Immediate (P = 2) re-arms the slots with zeros right
+// after reading them. Deferred (P = 3) leaves the re-arm of a call in which
+// every thread has at most one element to the next call, which zeroes part
+// t-1 after its sends, at the indices push_pending recorded. After the block
+// is done, push_epoch[b] = t+1 mod P. Each call draws its element count and
+// block size (the grid stays) and fresh random data, and every sum is
+// compared bitwise to internal/ref.Push. The broken variants OneHalf (no
+// alternation) and DeferredTwoParts (deferral with two parts) must be caught
+// by a wrong sum or a deadlock.
 //
 // One-shot exit barrier (OneShot). Between calls a rank's input buffer is
 // overwritten by the next call's copy, which only waits for the rank's own

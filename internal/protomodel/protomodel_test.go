@@ -61,6 +61,9 @@ func TestSignalLayout(t *testing.T) {
 			}
 		}
 		claim(pushEpochWord(b), 12288+4*b, fmt.Sprintf("push_epoch[%d]", b))
+		for i := range 2 {
+			claim(pushPendingWord(b, i), 12544+8*b+4*i, fmt.Sprintf("push_pending[%d][%d]", b, i))
+		}
 	}
 }
 
@@ -119,29 +122,37 @@ func TestBarrierGreaterOrEqualPassesEarly(t *testing.T) {
 
 func TestPush(t *testing.T) {
 	for _, c := range []PushConfig{
-		{Ranks: 2, Blocks: 2, Threads: 4, Elems: 64, Rounds: 200, Start: nearWrap},
-		{Ranks: 3, Blocks: 3, Threads: 5, Elems: 36, Rounds: 150}, // blocks*threads > elems, uneven
-		{Ranks: 8, Blocks: 2, Threads: 4, Elems: 32, Rounds: 60, Start: nearWrap},
+		{Ranks: 2, Blocks: 2, Threads: 4, Elems: 64, Rounds: 200, Start: 1},
+		{Ranks: 3, Blocks: 3, Threads: 5, Elems: 36, Rounds: 150}, // uneven grid-stride shares
+		{Ranks: 8, Blocks: 2, Threads: 4, Elems: 32, Rounds: 60, Start: 1},
 		{Ranks: 16, Blocks: 1, Threads: 4, Elems: 16, Rounds: 20},
+		{Ranks: 2, Blocks: 2, Threads: 4, Elems: 64, Rounds: 200, Variant: Deferred, Start: 2},
+		{Ranks: 3, Blocks: 3, Threads: 5, Elems: 36, Rounds: 150, Variant: Deferred},
+		{Ranks: 8, Blocks: 2, Threads: 4, Elems: 32, Rounds: 60, Variant: Deferred, Start: 1},
+		{Ranks: 16, Blocks: 1, Threads: 4, Elems: 16, Rounds: 20, Variant: Deferred},
 	} {
-		t.Run(fmt.Sprintf("ws%d_b%d_n%d", c.Ranks, c.Blocks, c.Elems), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%v_ws%d_b%d_n%d", c.Variant, c.Ranks, c.Blocks, c.Elems), func(t *testing.T) {
 			c.Seed = uint64(c.Ranks)
 			st, err := Push(testContext(t), c)
 			require.NoError(t, err)
 			assert.Equal(t, c.Ranks*c.Blocks*c.Rounds, st.Rounds)
-			assert.Positive(t, st.Ahead, "no rank ever got a call ahead: the schedule did not test two halves")
+			assert.Positive(t, st.Ahead, "no rank ever got a call ahead: the schedule did not test the parts")
 		})
 	}
 }
 
-func TestPushOneHalfCaught(t *testing.T) {
-	for _, ranks := range []int{2, 3} {
-		t.Run(fmt.Sprint("ws", ranks), func(t *testing.T) {
-			_, err := catch(t, func(seed uint64) (Stats, error) {
-				return Push(testContext(t), PushConfig{Ranks: ranks, Blocks: 2, Threads: 4, Elems: 64, Rounds: 300, Variant: OneHalf, Seed: seed, Stall: brokenStall})
+// TestPushBrokenCaught: one part for every call, and the deferred re-arm with two parts (a peer
+// writes the part the deferred re-arm zeroes in the very next call), must both be caught.
+func TestPushBrokenCaught(t *testing.T) {
+	for _, v := range []PushVariant{OneHalf, DeferredTwoParts} {
+		for _, ranks := range []int{2, 3} {
+			t.Run(fmt.Sprintf("%v_ws%d", v, ranks), func(t *testing.T) {
+				_, err := catch(t, func(seed uint64) (Stats, error) {
+					return Push(testContext(t), PushConfig{Ranks: ranks, Blocks: 2, Threads: 4, Elems: 64, Rounds: 300, Variant: v, Seed: seed, Stall: brokenStall})
+				})
+				assert.True(t, errors.Is(err, ErrWrongSum) || errors.Is(err, ErrDeadlock), "caught by something else: %v", err)
 			})
-			assert.True(t, errors.Is(err, ErrWrongSum) || errors.Is(err, ErrDeadlock), "caught by something else: %v", err)
-		})
+		}
 	}
 }
 
@@ -193,8 +204,10 @@ func TestConfigErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "65 blocks")
 	_, err = Barrier(ctx, BarrierConfig{Ranks: 2, Blocks: 1, Rounds: -1})
 	assert.ErrorContains(t, err, "-1 rounds")
-	_, err = Push(ctx, PushConfig{Ranks: 2, Blocks: 1, Threads: 1, Elems: 6})
-	assert.ErrorContains(t, err, "multiple of 4")
+	_, err = Push(ctx, PushConfig{Ranks: 2, Blocks: 1, Threads: 1, Elems: 4, Rounds: 1, Start: 2})
+	assert.ErrorContains(t, err, "start part 2")
+	_, err = Push(ctx, PushConfig{Ranks: 2, Blocks: 1, Threads: 1, Rounds: 1})
+	assert.ErrorContains(t, err, "0 elements")
 	_, err = Push(ctx, PushConfig{Ranks: 2, Blocks: 1, Elems: 4})
 	assert.ErrorContains(t, err, "0 threads")
 	_, err = OneShot(ctx, OneShotConfig{Ranks: 0, Blocks: 1, Threads: 1})

@@ -18,70 +18,110 @@ import (
 type PushVariant int
 
 const (
-	// TwoHalves is the kernels' protocol: epoch e uses receive half e&1.
-	TwoHalves PushVariant = iota
-	// OneHalf is deliberately broken: every epoch uses the same half, so a
+	// Immediate is the kernels' protocol below ptx.DeferRearmMinRanks ranks:
+	// two parts, each slot re-armed (zeroed) right after it is read.
+	Immediate PushVariant = iota
+	// Deferred is the kernels' protocol from ptx.DeferRearmMinRanks ranks on:
+	// three parts; a call in which every thread has at most one element
+	// leaves its re-arm to the next call, which zeroes the previous call's
+	// part after its sends, at the indices push_pending recorded.
+	Deferred
+	// OneHalf is deliberately broken: every call uses the same part, so a
 	// rank one call ahead writes into slots a slow peer has not read (a wrong
 	// sum) or has not re-armed yet (its zeros then swallow the new data: a
 	// deadlock).
 	OneHalf
+	// DeferredTwoParts is deliberately broken: the deferred re-arm with two
+	// parts. The next call zeroes the part a peer may already be writing for
+	// the call after it, and the zeros swallow that data (a deadlock).
+	DeferredTwoParts
 )
 
 // String names the variant.
 func (v PushVariant) String() string {
 	switch v {
-	case TwoHalves:
-		return "two-halves"
+	case Immediate:
+		return "immediate"
+	case Deferred:
+		return "deferred"
 	case OneHalf:
 		return "one-half"
+	case DeferredTwoParts:
+		return "deferred-two-parts"
 	}
 	return fmt.Sprintf("PushVariant(%d)", int(v))
 }
 
+// parts is the number of receive parts the variant cycles through.
+func (v PushVariant) parts() int {
+	switch v {
+	case Deferred:
+		return 3
+	case OneHalf:
+		return 1
+	}
+	return 2
+}
+
+// defers reports whether the variant may leave a call's re-arm to the next call.
+func (v PushVariant) defers() bool { return v == Deferred || v == DeferredTwoParts }
+
 // PushConfig is one run of the push (Lamport) model.
 type PushConfig struct {
-	// Ranks (1..MaxRanks), Blocks (1..MaxBlocks) per rank and Threads per
-	// block; Elems float32 elements per rank, a multiple of 4 (whole 16-byte
-	// vectors); Rounds calls, each with fresh random data.
+	// Ranks (1..MaxRanks), Blocks (1..MaxBlocks) per rank, at most Threads
+	// per block and at most Elems float32 elements per rank; Rounds calls.
+	// Every call draws fresh random data, its element count and its block
+	// size (the grid stays), the same on every rank: half the calls small
+	// enough for one element per thread, so that Deferred defers them.
 	Ranks, Blocks, Threads, Elems, Rounds int
 	// Variant is the protocol under test.
 	Variant PushVariant
-	// Start is every block's push_epoch at creation; close to 2^32 it makes
-	// the epoch wrap.
+	// Start is every block's part (push_epoch) at creation, below the
+	// variant's number of parts.
 	Start uint32
-	// Seed drives the data and each block's random delays and thread order.
+	// Seed drives the data, the call shapes and each block's random delays
+	// and thread order.
 	Seed uint64
 	// Stall is the progress watchdog's limit; 0 means DefaultStall.
 	Stall time.Duration
 }
 
-// pushModel is the memory of a push run.
-type pushModel struct {
-	cfg  PushConfig
-	run  *run
-	sig  []*signal
-	recv [][]atomic.Uint32 // recv[r]: rank r's receive buffer, [2 halves][ws sources][Elems]
-	in   [][][]uint32      // in[k][r]: rank r's input of call k
-	want [][]uint32        // want[k]: the call's sum as internal/ref.Push computes it
-	done [][]atomic.Int64  // done[r][b]: calls block b of rank r has finished
+// pushCall is the shape of one call, the same on every rank.
+type pushCall struct {
+	elems, threads int
 }
 
-// slot returns the index in a receive buffer of (half h, source s, element i):
-// docs/kernel-abi.md's byte offset (h*ws + s)*p_slot + 4*i in words.
-func (m *pushModel) slot(h, s, i int) int { return (h*m.cfg.Ranks+s)*m.cfg.Elems + i }
+// pushModel is the memory of a push run.
+type pushModel struct {
+	cfg   PushConfig
+	run   *run
+	sig   []*signal
+	recv  [][]atomic.Uint32 // recv[r]: rank r's receive buffer, [parts][ws sources][Elems]
+	calls []pushCall        // calls[k]: call k's shape
+	in    [][][]uint32      // in[k][r]: rank r's input of call k
+	want  [][]uint32        // want[k]: the call's sum as internal/ref.Push computes it
+	done  [][]atomic.Int64  // done[r][b]: calls block b of rank r has finished
+}
+
+// slot returns the index in a receive buffer of (part t, source s, element i):
+// docs/kernel-abi.md's byte offset (t*ws + s)*p_slot + 4*i in words.
+func (m *pushModel) slot(t, s, i int) int { return (t*m.cfg.Ranks+s)*m.cfg.Elems + i }
 
 // Push runs the push model: every rank runs Rounds calls in stream order, each
 // call Blocks goroutines that send the rank's input to every rank's receive
-// buffer and then poll, reduce and re-arm their own, with random delays. Every
-// received sum is compared bitwise to internal/ref.Push. It returns
-// ErrWrongSum, a *DeadlockError, or the context's error, with what the run
-// exercised.
+// buffer, re-arm what the previous call left, then poll, reduce and re-arm
+// their own, with random delays. Every received sum is compared bitwise to
+// internal/ref.Push. It returns ErrWrongSum, a *DeadlockError, or the
+// context's error, with what the run exercised.
 func Push(ctx context.Context, cfg PushConfig) (Stats, error) {
 	if err := checkShape(cfg.Ranks, cfg.Blocks, cfg.Rounds); err != nil {
 		return Stats{}, err
 	}
-	if cfg.Threads < 1 || cfg.Elems < 0 || cfg.Elems%4 != 0 {
-		return Stats{}, fmt.Errorf("protomodel: %d threads, %d elements: want at least 1 thread and a multiple of 4 elements", cfg.Threads, cfg.Elems)
+	if cfg.Threads < 1 || cfg.Elems < 1 {
+		return Stats{}, fmt.Errorf("protomodel: %d threads, %d elements: want at least 1 of each", cfg.Threads, cfg.Elems)
+	}
+	if int(cfg.Start) >= cfg.Variant.parts() {
+		return Stats{}, fmt.Errorf("protomodel: start part %d: the %v variant has parts 0..%d", cfg.Start, cfg.Variant, cfg.Variant.parts()-1)
 	}
 	m := &pushModel{cfg: cfg, run: newRun(cfg.Stall), sig: newSignals(cfg.Ranks)}
 	if err := m.data(); err != nil {
@@ -90,7 +130,7 @@ func Push(ctx context.Context, cfg PushConfig) (Stats, error) {
 	m.recv = make([][]atomic.Uint32, cfg.Ranks)
 	m.done = make([][]atomic.Int64, cfg.Ranks)
 	for r := range cfg.Ranks {
-		m.recv[r] = make([]atomic.Uint32, 2*cfg.Ranks*cfg.Elems)
+		m.recv[r] = make([]atomic.Uint32, cfg.Variant.parts()*cfg.Ranks*cfg.Elems)
 		m.done[r] = make([]atomic.Int64, cfg.Blocks)
 		for b := range cfg.Blocks {
 			m.sig[r][pushEpochWord(b)].Store(cfg.Start)
@@ -117,8 +157,8 @@ func Push(ctx context.Context, cfg PushConfig) (Stats, error) {
 				if m.run.stopped() {
 					return
 				}
-				if n := summed.Load(); n != int64(cfg.Elems) {
-					m.run.fail(fmt.Errorf("protomodel: push: rank %d call %d summed %d of %d elements: the grid-stride loop misses some", rank, k, n, cfg.Elems))
+				if n := summed.Load(); n != int64(m.calls[k].elems) {
+					m.run.fail(fmt.Errorf("protomodel: push: rank %d call %d summed %d of %d elements: the grid-stride loop misses some", rank, k, n, m.calls[k].elems))
 					return
 				}
 			}
@@ -133,6 +173,16 @@ func Push(ctx context.Context, cfg PushConfig) (Stats, error) {
 func (m *pushModel) data() error {
 	cfg := m.cfg
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0xda7a))
+	m.calls = make([]pushCall, cfg.Rounds)
+	for k := range m.calls {
+		c := &m.calls[k]
+		c.threads = 1 + rng.IntN(cfg.Threads)
+		limit := cfg.Elems
+		if rng.IntN(2) == 0 {
+			limit = min(limit, cfg.Blocks*c.threads)
+		}
+		c.elems = 1 + rng.IntN(limit)
+	}
 	m.in = make([][][]uint32, cfg.Rounds)
 	m.want = make([][]uint32, cfg.Rounds)
 	for k := range cfg.Rounds {
@@ -160,15 +210,60 @@ func words(b []byte) []uint32 {
 	return w
 }
 
-// pushThread is the state of one modelled thread of a push block: it sends
-// each of its elements to every rank, then receives each of them.
+// pushOp is one memory access of a modelled push thread, in program order.
+type pushOp struct {
+	kind pushOpKind
+	// rank is the buffer's owner (a send's destination, else the own rank);
+	// part, src and elem name the slot.
+	rank, part, src, elem int
+}
+
+type pushOpKind int
+
+const (
+	opSend    pushOpKind = iota // store the element to slot (part, src = own rank) of rank
+	opReceive                   // poll slot (part, src) until non-zero and add it (src ws-1 checks the sum)
+	opRearm                     // store zero to the own slot (part, src)
+)
+
+// pushThread is one modelled thread of a push block: its accesses, in order.
 type pushThread struct {
-	elems []int // this thread's elements, in grid-stride order
-	pos   int   // current element in elems
-	peer  int   // send: next destination; receive: next source
-	recv  bool  // the send loop is done
-	rearm bool  // the current element is summed; peer is the next slot to zero
-	acc   float32
+	ops []pushOp
+	pos int
+	acc float32
+}
+
+// threadOps lists thread th's accesses in call k as the kernel makes them:
+// the sends, the deferred re-arm of the previous call's part at the indices
+// that call gave this block (pending: its {elems, threads}, zero if none),
+// then every receive, each followed by its re-arm unless this call defers.
+func (m *pushModel) threadOps(rank, b, th int, call pushCall, part, prev int, pending pushCall, deferred bool) []pushOp {
+	ws := m.cfg.Ranks
+	mine := threadElems(b, th, m.cfg.Blocks, call.threads, call.elems)
+	var ops []pushOp
+	for _, i := range mine {
+		for r := range ws {
+			ops = append(ops, pushOp{opSend, r, part, rank, i})
+		}
+	}
+	for j := th; j < pending.threads; j += call.threads {
+		for _, i := range threadElems(b, j, m.cfg.Blocks, pending.threads, pending.elems) {
+			for s := range ws {
+				ops = append(ops, pushOp{opRearm, rank, prev, s, i})
+			}
+		}
+	}
+	for _, i := range mine {
+		for s := range ws {
+			ops = append(ops, pushOp{opReceive, rank, part, s, i})
+		}
+		if !deferred {
+			for s := range ws {
+				ops = append(ops, pushOp{opRearm, rank, part, s, i})
+			}
+		}
+	}
+	return ops
 }
 
 // block runs block b of rank for call k: one kernel block of the push
@@ -176,14 +271,19 @@ type pushThread struct {
 // number of elements it summed.
 func (m *pushModel) block(rank, b, k int, j *jitter) (summed int) {
 	cfg := m.cfg
+	call := m.calls[k]
 	own := m.recv[rank]
-	// Every thread reads the block's epoch at the start; it only changes at
-	// the end of the block, after the bar.sync.
-	e := m.sig[rank][pushEpochWord(b)].Load()
-	h := int(e & 1)
-	if cfg.Variant == OneHalf {
-		h = 0
+	// Every thread reads the block's part and pending re-arm at the start;
+	// they only change at the end of the block, after the bar.sync.
+	parts := cfg.Variant.parts()
+	part := int(m.sig[rank][pushEpochWord(b)].Load())
+	prev := (part + parts - 1) % parts
+	pending := pushCall{
+		elems:   int(m.sig[rank][pushPendingWord(b, 0)].Load()),
+		threads: int(m.sig[rank][pushPendingWord(b, 1)].Load()),
 	}
+	// the kernel's rule: defer when every thread has at most one element
+	deferred := cfg.Variant.defers() && call.elems <= cfg.Blocks*call.threads
 	for p := range cfg.Ranks {
 		if m.done[p][b].Load() < int64(k) {
 			m.run.ahead.Add(1)
@@ -191,81 +291,76 @@ func (m *pushModel) block(rank, b, k int, j *jitter) (summed int) {
 		}
 	}
 
-	var pending []*pushThread
-	for t := range cfg.Threads {
-		th := &pushThread{elems: threadElems(b, t, cfg.Blocks, cfg.Threads, cfg.Elems)}
-		if len(th.elems) > 0 {
-			pending = append(pending, th)
+	var running []*pushThread
+	for th := range call.threads {
+		if ops := m.threadOps(rank, b, th, call, part, prev, pending, deferred); len(ops) > 0 {
+			running = append(running, &pushThread{ops: ops})
 		}
 	}
-	for len(pending) > 0 {
+	for len(running) > 0 {
 		if m.run.stopped() {
-			for _, th := range pending {
-				if th.recv && !th.rearm {
-					i := th.elems[th.pos]
+			for _, th := range running {
+				if op := th.ops[th.pos]; op.kind == opReceive {
 					m.run.blocked(Wait{
-						Rank: rank, Block: b, Peer: th.peer,
-						Slot:  fmt.Sprintf("receive half %d source %d element %d", h, th.peer, i),
-						Holds: own[m.slot(h, th.peer, i)].Load(),
+						Rank: rank, Block: b, Peer: op.src,
+						Slot:  fmt.Sprintf("receive part %d source %d element %d", op.part, op.src, op.elem),
+						Holds: own[m.slot(op.part, op.src, op.elem)].Load(),
 					})
 				}
 			}
 			return summed
 		}
-		x := j.rng.IntN(len(pending))
-		th := pending[x]
-		i := th.elems[th.pos]
-		switch {
-		case !th.recv:
-			// Send: +0.0 would read as "not arrived", so it travels as -0.0.
-			v := m.in[k][rank][i]
+		x := j.rng.IntN(len(running))
+		th := running[x]
+		op := th.ops[th.pos]
+		switch op.kind {
+		case opSend:
+			// +0.0 would read as "not arrived", so it travels as -0.0.
+			v := m.in[k][rank][op.elem]
 			if v == 0 {
 				v = 1 << 31
 			}
-			m.recv[th.peer][m.slot(h, rank, i)].Store(v)
-			if th.peer++; th.peer == cfg.Ranks {
-				th.peer = 0
-				if th.pos++; th.pos == len(th.elems) {
-					th.pos, th.recv = 0, true
-				}
-			}
-		case !th.rearm:
-			// Receive: poll sources in rank order; all-zero bits = not arrived.
-			v := own[m.slot(h, th.peer, i)].Load()
+			m.recv[op.rank][m.slot(op.part, op.src, op.elem)].Store(v)
+		case opReceive:
+			// Poll sources in rank order; all-zero bits = not arrived.
+			v := own[m.slot(op.part, op.src, op.elem)].Load()
 			if v == 0 {
 				j.idle()
 				continue
 			}
 			f := math.Float32frombits(v)
-			if th.peer == 0 {
+			if op.src == 0 {
 				th.acc = f
 			} else {
 				th.acc = float32(th.acc + f)
 			}
-			if th.peer++; th.peer == cfg.Ranks {
-				if got, want := math.Float32bits(th.acc), m.want[k][i]; got != want {
+			if op.src == cfg.Ranks-1 {
+				if got, want := math.Float32bits(th.acc), m.want[k][op.elem]; got != want {
 					m.run.fail(fmt.Errorf("protomodel: %w: %v push: rank %d block %d call %d element %d: got %s, want %s",
-						ErrWrongSum, cfg.Variant, rank, b, k, i, ref.Format(dtype.Float32, uint64(got)), ref.Format(dtype.Float32, uint64(want))))
+						ErrWrongSum, cfg.Variant, rank, b, k, op.elem, ref.Format(dtype.Float32, uint64(got)), ref.Format(dtype.Float32, uint64(want))))
 					return summed
 				}
-				th.peer, th.rearm = 0, true
 				summed++
 				m.run.progress.Add(1)
 			}
-		default:
-			// Re-arm: zero the slots just read, for the call after next.
-			own[m.slot(h, th.peer, i)].Store(0)
-			if th.peer++; th.peer == cfg.Ranks {
-				th.peer, th.rearm = 0, false
-				if th.pos++; th.pos == len(th.elems) {
-					pending = append(pending[:x], pending[x+1:]...)
-				}
-			}
+		case opRearm:
+			own[m.slot(op.part, op.src, op.elem)].Store(0)
+		}
+		if th.pos++; th.pos == len(th.ops) {
+			running = append(running[:x], running[x+1:]...)
 		}
 		j.pause()
 	}
-	// After the block's bar.sync, thread 0 advances the block's epoch.
-	m.sig[rank][pushEpochWord(b)].Store(e + 1)
+	// After the block's bar.sync, thread 0 moves the block to the next part
+	// and records what the next call must re-arm.
+	m.sig[rank][pushEpochWord(b)].Store(uint32((part + 1) % parts))
+	if deferred {
+		m.sig[rank][pushPendingWord(b, 0)].Store(uint32(call.elems))
+		m.sig[rank][pushPendingWord(b, 1)].Store(uint32(call.threads))
+	} else {
+		m.sig[rank][pushPendingWord(b, 0)].Store(0)
+		m.sig[rank][pushPendingWord(b, 1)].Store(0)
+	}
 	m.done[rank][b].Add(1)
 	m.run.rounds.Add(1)
 	return summed

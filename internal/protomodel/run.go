@@ -38,6 +38,9 @@ func peerCounterWord(ph, b, p int) int {
 }
 func pushEpochWord(b int) int { return ptx.PushEpochOffset/4 + b }
 
+// pushPendingWord is push_pending[b][i]: i = 0 the element count, 1 the block size.
+func pushPendingWord(b, i int) int { return ptx.PushPendingOffset/4 + 2*b + i }
+
 // newSignals returns one zeroed signal region per rank, as created.
 func newSignals(ranks int) []*signal {
 	s := make([]*signal, ranks)
@@ -116,7 +119,7 @@ type Stats struct {
 	Rounds int
 	// Ahead counts the times a block began round k+1 while the same block of
 	// a peer was still in round k: the overtaking that two phase slots, two
-	// epoch halves and the exit barrier exist for.
+	// push receive parts and the exit barrier exist for.
 	Ahead int
 }
 
