@@ -104,6 +104,9 @@ type rankFacts struct {
 	Major       int64 // compute capability
 	// The options every rank must agree on.
 	Blocks, PushBlocks, ThreadsPerBlock, MaxBytes, PushMaxBytes, Algorithm int64
+	// SystemScope is 1 when the rank was created with Options.SystemScope: the scope picks the
+	// barrier protocol, which every rank must share.
+	SystemScope int64
 }
 
 // rankInfo is what every rank tells the others at init.
@@ -299,7 +302,7 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	mine := rankInfo{rankFacts: rankFacts{PID: int64(os.Getpid()), Device: int64(ordinal), UUID: uuid,
 		SMs: int64(sms), BlocksPerSM: int64(c.kernels.maxBlocksPerSM), Major: int64(major),
 		Blocks: int64(c.opts.Blocks), PushBlocks: int64(c.opts.PushBlocks), ThreadsPerBlock: int64(c.opts.ThreadsPerBlock), MaxBytes: c.opts.MaxBytes,
-		PushMaxBytes: c.opts.PushMaxBytes, Algorithm: int64(c.opts.Algorithm)}, Arena: desc}
+		PushMaxBytes: c.opts.PushMaxBytes, Algorithm: int64(c.opts.Algorithm), SystemScope: boolInt(c.opts.SystemScope)}, Arena: desc}
 	blob, err := mine.marshal()
 	if err != nil {
 		return err
@@ -337,8 +340,10 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	maxOnGPU := ranksPerGPU(infos)
 	c.sharedGPU = c.allLocal && maxOnGPU > 1
 	if maxOnGPU == c.size && !c.opts.SystemScope {
-		// Every rank runs on this GPU (virtual ranks, or processes sharing it): GPU-scope
-		// release/acquire is enough, and cheaper (ptx.ScopeGPU).
+		// Every rank runs on this GPU (virtual ranks, or processes sharing it): the GPU-scope
+		// kernels (counted arrivals, GPU-scope release/acquire) are enough, and cheaper
+		// (ptx.ScopeGPU). Every rank decides alike: the same facts, options (agree) and
+		// device, whose kernels' occupancy useGPUScope checks.
 		ok, err := c.kernels.useGPUScope()
 		if err != nil {
 			return err
@@ -380,14 +385,14 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 // agree checks that every rank passed the same options: different grids or buffer sizes would
 // make the kernels wait for blocks that never come, or read past buffers.
 func (c *Comm) agree(infos []rankInfo) error {
-	type agreed struct{ Blocks, PushBlocks, ThreadsPerBlock, MaxBytes, PushMaxBytes, Algorithm int64 }
+	type agreed struct{ Blocks, PushBlocks, ThreadsPerBlock, MaxBytes, PushMaxBytes, Algorithm, SystemScope int64 }
 	pick := func(f rankFacts) agreed {
-		return agreed{f.Blocks, f.PushBlocks, f.ThreadsPerBlock, f.MaxBytes, f.PushMaxBytes, f.Algorithm}
+		return agreed{f.Blocks, f.PushBlocks, f.ThreadsPerBlock, f.MaxBytes, f.PushMaxBytes, f.Algorithm, f.SystemScope}
 	}
 	me := pick(infos[c.rank].rankFacts)
 	for r, ri := range infos {
 		if pick(ri.rankFacts) != me {
-			return invalid("rank %d was created with different options (Blocks, PushBlocks, ThreadsPerBlock, MaxBytes, PushMaxBytes, Algorithm) than rank %d: all ranks must pass the same", r, c.rank)
+			return invalid("rank %d was created with different options (Blocks, PushBlocks, ThreadsPerBlock, MaxBytes, PushMaxBytes, Algorithm, SystemScope) than rank %d: all ranks must pass the same", r, c.rank)
 		}
 	}
 	return nil
@@ -569,4 +574,12 @@ func (c *Comm) drain() error {
 // the host may read it: atomic loads keep the race detector and the compiler honest.
 func (c *Comm) errWord(i int) uint32 {
 	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&c.errRec.Bytes()[4*i])))
+}
+
+// boolInt is 1 for true, 0 for false: rank facts travel as int64s.
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -118,8 +118,12 @@ func TestBarrierScope(t *testing.T) {
 			if wantPDL := c.major >= 9 && driver.Has(driver.FeatureLaunchEx); c.pdl != wantPDL {
 				t.Errorf("SystemScope=%v: rank %d on sm_%d0: PDL %v, want %v", systemScope, c.rank, c.major, c.pdl, wantPDL)
 			}
-			if name := c.kernels.fn[c.scope][TwoShot][dtype.BFloat16].Name(); name != (ptx.Spec{Algo: ptx.TwoShot, DType: dtype.BFloat16, WorldSize: 3, Scope: want}).EntryName() {
-				t.Errorf("SystemScope=%v: rank %d launches %s", systemScope, c.rank, name)
+			// the barrier kernels follow the scope; push has no barrier and one kernel for both
+			for algo, scope := range map[Algorithm]ptx.Scope{OneShot: want, TwoShot: want, Push: ptx.ScopeSystem} {
+				spec := ptx.Spec{Algo: algo, DType: dtype.BFloat16, WorldSize: 3, Scope: scope}
+				if name := c.kernels.fn[c.scope][algo][dtype.BFloat16].Name(); name != spec.EntryName() {
+					t.Errorf("SystemScope=%v: rank %d launches %s for %v, want %s", systemScope, c.rank, name, algo, spec.EntryName())
+				}
 			}
 			if err := c.Close(); err != nil {
 				t.Error(err)

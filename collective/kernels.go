@@ -100,8 +100,8 @@ func (ks *kernelSet) load(spec ptx.Spec) (*driver.Function, int, error) {
 
 // useGPUScope makes sure the GPU-scope kernels are loaded and reports whether they can be
 // used: a kernel whose occupancy is below the set's maxBlocksPerSM (which the grids were
-// capped with) could deadlock, so the caller then keeps the system scope. Only TwoShot's code
-// depends on the scope (ptx.Spec.Scope); the other algorithms share the system-scope
+// capped with) could deadlock, so the caller then keeps the system scope. The barrier kernels
+// (OneShot, TwoShot) depend on the scope (ptx.Spec.Scope); Push shares the system-scope
 // functions.
 func (ks *kernelSet) useGPUScope() (bool, error) {
 	kernelCache.mu.Lock()
@@ -109,20 +109,21 @@ func (ks *kernelSet) useGPUScope() (bool, error) {
 	if ks.gpuScopeChecked {
 		return ks.gpuScopeUsable, nil
 	}
-	var twoShot [dtype.BFloat16 + 1]*driver.Function
-	for _, dt := range dtype.All {
-		fn, occ, err := ks.load(ptx.Spec{Algo: ptx.TwoShot, DType: dt, WorldSize: ks.key.worldSize, Target: ks.key.target, Scope: ptx.ScopeGPU})
-		if err != nil {
-			return false, err
+	gpu := ks.fn[ptx.ScopeSystem]
+	for _, algo := range []ptx.Algorithm{ptx.OneShot, ptx.TwoShot} {
+		for _, dt := range dtype.All {
+			fn, occ, err := ks.load(ptx.Spec{Algo: algo, DType: dt, WorldSize: ks.key.worldSize, Target: ks.key.target, Scope: ptx.ScopeGPU})
+			if err != nil {
+				return false, err
+			}
+			if occ < ks.maxBlocksPerSM {
+				ks.gpuScopeChecked = true
+				return false, nil
+			}
+			gpu[algo][dt] = fn
 		}
-		if occ < ks.maxBlocksPerSM {
-			ks.gpuScopeChecked = true
-			return false, nil
-		}
-		twoShot[dt] = fn
 	}
-	ks.fn[ptx.ScopeGPU] = ks.fn[ptx.ScopeSystem]
-	ks.fn[ptx.ScopeGPU][ptx.TwoShot] = twoShot
+	ks.fn[ptx.ScopeGPU] = gpu
 	ks.gpuScopeChecked, ks.gpuScopeUsable = true, true
 	return true, nil
 }

@@ -78,9 +78,10 @@ type Options struct {
 	MaxSlots int
 	// DisablePDL turns off programmatic dependent launch on sm_90 and later.
 	DisablePDL bool
-	// SystemScope keeps TwoShot's release/acquire barriers at system scope when every rank
-	// runs on one GPU, where the default GPU scope is enough and about 1.2 us cheaper per
-	// call (ptx.ScopeGPU). Both are correct there; this is for tests and comparisons.
+	// SystemScope keeps the system-scope barriers of OneShot and TwoShot (round-number
+	// flags, release/acquire at system scope) when every rank runs on one GPU, where the
+	// default GPU-scope kernels (counted arrivals, GPU-scope release/acquire: ptx.ScopeGPU)
+	// are enough and cheaper. Both are correct there; this is for tests and comparisons.
 	SystemScope bool
 	// AllowNonNVLink lets NewGroup build a communicator over more than two GPUs that are not
 	// all linked by NVLink (correct, but usually slower than NCCL there).

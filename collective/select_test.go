@@ -183,7 +183,7 @@ func TestKernelErrorMessages(t *testing.T) {
 
 func TestRankInfoRoundTrip(t *testing.T) {
 	in := rankInfo{rankFacts: rankFacts{PID: 42, Device: 3, UUID: [16]byte{1, 2, 3}, SMs: 132, BlocksPerSM: 2, Major: 9,
-		Blocks: 36, PushBlocks: 16, MaxBytes: 8 << 20, PushMaxBytes: 512 << 10, Algorithm: int64(TwoShot)}}
+		Blocks: 36, PushBlocks: 16, MaxBytes: 8 << 20, PushMaxBytes: 512 << 10, Algorithm: int64(TwoShot), SystemScope: 1}}
 	in.Arena.PID, in.Arena.Ptr, in.Arena.Size, in.Arena.Handle[63] = 42, 0x7f0000000000, 1<<20, 9
 	b, err := in.marshal()
 	require.NoError(t, err)
@@ -192,6 +192,22 @@ func TestRankInfoRoundTrip(t *testing.T) {
 	assert.Equal(t, in, out)
 	_, err = unmarshalRankInfo(b[:20])
 	assert.ErrorContains(t, err, "malformed rank info")
+}
+
+// TestAgree: ranks must share the options that shape the kernels' shared state, the scope
+// (which picks the barrier protocol) included.
+func TestAgree(t *testing.T) {
+	infos := make([]rankInfo, 3)
+	for r := range infos {
+		infos[r].rankFacts = rankFacts{Blocks: 16, PushBlocks: 16, MaxBytes: 1 << 20, PushMaxBytes: 64 << 10}
+	}
+	c := &Comm{rank: 1}
+	require.NoError(t, c.agree(infos))
+	infos[2].SystemScope = 1
+	err := c.agree(infos)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	assert.ErrorContains(t, err, "rank 2 was created with different options")
+	assert.ErrorContains(t, err, "SystemScope")
 }
 
 func TestCheckParams(t *testing.T) {

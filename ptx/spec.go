@@ -112,15 +112,18 @@ func args(kv ...any) (map[string]any, error) {
 
 // kernel is what the templates see: everything that varies between kernels.
 type kernel struct {
-	Entry   string
-	Algo    string
-	DType   string // "bf16", "f16" or "f32"
-	Target  string // "sm_80" or "sm_90"
-	PDL     bool   // programmatic dependent launch (griddepcontrol), sm_90 only
-	Scope   string // "sys" or "gpu": the scope of the release/acquire barriers
-	WS      int
-	Ranks   []int // 0..WS-1, the unrolled rank loops
-	Rotated bool  // inputs taken in the order rank, rank+1, ... (two-shot)
+	Entry  string
+	Algo   string
+	DType  string // "bf16", "f16" or "f32"
+	Target string // "sm_80" or "sm_90"
+	PDL    bool   // programmatic dependent launch (griddepcontrol), sm_90 only
+	Scope  string // "sys" or "gpu": the scope of the release/acquire barriers
+	// Counting: every rank is on this GPU (ScopeGPU), so the barriers count arrivals with
+	// atomic adds (red.add) instead of storing round numbers
+	Counting bool
+	WS       int
+	Ranks    []int // 0..WS-1, the unrolled rank loops
+	Rotated  bool  // inputs taken in the order rank, rank+1, ... (two-shot)
 	// DeferRearm: push may leave the re-arm of its receive slots to the next call (see
 	// templates/push.ptx.tmpl), from DeferRearmMinRanks ranks on
 	DeferRearm bool
@@ -154,6 +157,7 @@ func newKernel(s Spec) *kernel {
 		Target:     s.Target.String(),
 		PDL:        s.Target == SM90,
 		Scope:      s.Scope.String(),
+		Counting:   s.Scope == ScopeGPU,
 		WS:         s.WorldSize,
 		Rotated:    s.Algo == TwoShot,
 		DeferRearm: s.Algo == Push && s.WorldSize >= DeferRearmMinRanks,

@@ -23,6 +23,15 @@ const (
 	// until slot >= round. Once the u32 round number wraps, the stale value
 	// of two rounds ago is larger, so lanes pass without waiting.
 	GreaterOrEqual
+	// Counting is the kernels' barrier when every rank is on one GPU
+	// (ptx.ScopeGPU): a lane first adds 1 to rank t's peer_counter slot for
+	// this rank (red.add, one slot), then spins until its own slot for rank t
+	// is no longer round-1 (rank t may be one barrier ahead: round+1).
+	Counting
+	// CountingEqual is deliberately broken: counting, but a lane spins until
+	// its slot equals round, so a peer one barrier ahead (round+1) is never
+	// seen.
+	CountingEqual
 )
 
 // String names the variant.
@@ -34,6 +43,10 @@ func (v BarrierVariant) String() string {
 		return "one-phase"
 	case GreaterOrEqual:
 		return "greater-or-equal"
+	case Counting:
+		return "counting"
+	case CountingEqual:
+		return "counting-equal"
 	}
 	return fmt.Sprintf("BarrierVariant(%d)", int(v))
 }
@@ -47,7 +60,7 @@ type barrier struct {
 
 // phase returns the peer_counter slot the round number val uses.
 func (m *barrier) phase(val uint32) int {
-	if m.variant == OnePhase {
+	if m.variant == OnePhase || m.counting() {
 		return 0
 	}
 	return int(val & 1)
@@ -56,11 +69,17 @@ func (m *barrier) phase(val uint32) int {
 // reached reports whether a lane waiting for val may stop spinning: the
 // kernel spins while slot != val.
 func (m *barrier) reached(slot, val uint32) bool {
-	if m.variant == GreaterOrEqual {
+	switch m.variant {
+	case GreaterOrEqual:
 		return slot >= val
+	case Counting:
+		return slot != val-1
 	}
 	return slot == val
 }
+
+// counting reports whether arrivals are atomic adds rather than stores of the round.
+func (m *barrier) counting() bool { return m.variant == Counting || m.variant == CountingEqual }
 
 // lane is the state of one barrier lane (thread t < ws) of a block.
 type lane struct {
@@ -101,11 +120,19 @@ func (m *barrier) wait(rank, b int, j *jitter) (uint32, bool) {
 		t := pending[k]
 		l := &lanes[t]
 		if !l.stored {
+			if m.counting() {
+				// ③ first: one more arrival of this rank's block b at rank t,
+				// before the lane knows its round.
+				m.sig[t][peerCounterWord(0, b, rank)].Add(1)
+				j.pause()
+			}
 			// ② Only this lane touches its counter: a plain increment.
 			l.val = own[selfCounterWord(b, t)].Load() + 1
 			own[selfCounterWord(b, t)].Store(l.val)
-			// ③ Tell rank t that this rank reached round val.
-			m.sig[t][peerCounterWord(m.phase(l.val), b, rank)].Store(l.val)
+			if !m.counting() {
+				// ③ Tell rank t that this rank reached round val.
+				m.sig[t][peerCounterWord(m.phase(l.val), b, rank)].Store(l.val)
+			}
 			l.stored = true
 			j.pause()
 			continue
@@ -210,7 +237,10 @@ func startHistory(m *barrier, blocks int, start uint32) {
 		for b := range blocks {
 			for t := range m.sig {
 				s[selfCounterWord(b, t)].Store(start)
-				if start != 0 {
+				if m.counting() {
+					// start arrivals of every rank at every block
+					s[peerCounterWord(0, b, t)].Store(start)
+				} else if start != 0 {
 					s[peerCounterWord(m.phase(start-1), b, t)].Store(start - 1)
 					s[peerCounterWord(m.phase(start), b, t)].Store(start)
 				}

@@ -29,7 +29,13 @@
 // at k, and it starts the counters just below 2^32 so that they wrap. The
 // broken variants OnePhase (one slot: a rank one barrier ahead overwrites a
 // round its peer has not read, a deadlock) and GreaterOrEqual (>= instead of
-// !=: passes early once the counter wraps) must be caught.
+// !=: passes early once the counter wraps) must be caught. Counting is the
+// barrier of the GPU-scope kernels (every rank on one GPU): lane t first adds
+// 1 to rank t's peer_counter[0][b][rank] (red.add: the number of this rank's
+// arrivals), then increments self_counter[b][t] to val and spins while its own
+// peer_counter[0][b][t] is val-1 (rank t may already be at val+1). Its broken
+// variant CountingEqual (spin until the slot equals val) misses a peer one
+// barrier ahead and must be caught deadlocking.
 //
 // Push (Push). Receive buffer of rank r: [P parts][ws sources][n]; all-zero
 // bits mean "not arrived". Block b reads push_epoch[b] = t and uses part t;

@@ -68,15 +68,19 @@ func TestSignalLayout(t *testing.T) {
 }
 
 func TestBarrier(t *testing.T) {
-	for _, c := range []BarrierConfig{
-		{Ranks: 2, Blocks: 1, Rounds: 2000, Start: nearWrap},
-		{Ranks: 3, Blocks: 2, Rounds: 500},
-		{Ranks: 4, Blocks: 3, Rounds: 300, Start: nearWrap},
-		{Ranks: 8, Blocks: 2, Rounds: 200, Start: nearWrap},
-		{Ranks: 16, Blocks: 2, Rounds: 100, Start: nearWrap},
-		{Ranks: 1, Blocks: 1, Rounds: 10},
-	} {
-		t.Run(fmt.Sprintf("ws%d_b%d_start%#x", c.Ranks, c.Blocks, c.Start), func(t *testing.T) {
+	var configs []BarrierConfig
+	for _, v := range []BarrierVariant{TwoPhase, Counting} {
+		configs = append(configs, []BarrierConfig{
+			{Ranks: 2, Blocks: 1, Rounds: 2000, Start: nearWrap, Variant: v},
+			{Ranks: 3, Blocks: 2, Rounds: 500, Variant: v},
+			{Ranks: 4, Blocks: 3, Rounds: 300, Start: nearWrap, Variant: v},
+			{Ranks: 8, Blocks: 2, Rounds: 200, Start: nearWrap, Variant: v},
+			{Ranks: 16, Blocks: 2, Rounds: 100, Start: nearWrap, Variant: v},
+			{Ranks: 1, Blocks: 1, Rounds: 10, Variant: v},
+		}...)
+	}
+	for _, c := range configs {
+		t.Run(fmt.Sprintf("%v_ws%d_b%d_start%#x", c.Variant, c.Ranks, c.Blocks, c.Start), func(t *testing.T) {
 			c.Seed = uint64(c.Ranks)
 			st, err := Barrier(testContext(t), c)
 			require.NoError(t, err)
@@ -106,6 +110,21 @@ func TestBarrierOnePhaseDeadlocks(t *testing.T) {
 			assert.True(t, overwritten, "no wait shows an overwritten round: %v", dl.Waits)
 		})
 	}
+}
+
+// TestBarrierCountingEqualDeadlocks: counting arrivals but waiting for exactly round misses a
+// peer that is already one barrier ahead.
+func TestBarrierCountingEqualDeadlocks(t *testing.T) {
+	_, err := catch(t, func(seed uint64) (Stats, error) {
+		return Barrier(testContext(t), BarrierConfig{Ranks: 3, Blocks: 2, Rounds: 2000, Variant: CountingEqual, Seed: seed, Stall: brokenStall})
+	})
+	var dl *DeadlockError
+	require.ErrorAs(t, err, &dl)
+	ahead := false
+	for _, w := range dl.Waits {
+		ahead = ahead || w.Holds == w.Want+1
+	}
+	assert.True(t, ahead, "no wait shows a peer one barrier ahead: %v", dl.Waits)
 }
 
 func TestBarrierGreaterOrEqualPassesEarly(t *testing.T) {
