@@ -108,9 +108,9 @@ const StaleAfterNs = 65536
 // DeferRearmMinRanks is the smallest world size whose push kernel defers the re-arm of its
 // receive slots to the next call when every thread has at most one vector (docs/kernel-abi.md,
 // push). The zero stores then go out while the rank waits for its slowest peer instead of after
-// its last receive. With 8 virtual ranks on an H200 that takes 0.25 us off 16 KiB; with 4 it
-// cost 0.08 us, with 2 0.05 (there is less waiting to hide them in); 5 to 7 ranks were not
-// measured and keep the re-arm after the receive (docs/benchmarks.md).
+// its last receive. With 8 virtual ranks on an H200 that took 0.2 to 0.27 us off 16 KiB; with
+// 4 it cost 0 to 0.08 us, with 2 0.05 to 0.15 (there is less waiting to hide the stores in);
+// 5 to 7 ranks were not measured and keep the re-arm after the receive (docs/benchmarks.md).
 const DeferRearmMinRanks = 8
 
 // PushParts is the number of parts of a push receive buffer, each ws slots of p_slot bytes,
