@@ -205,8 +205,9 @@ func TestAllReduceRegisteredAndGraph(t *testing.T) {
 		systemScope bool
 	}
 	variants := []variant{{"oneshot", collective.OneShot, false}, {"twoshot", collective.TwoShot, false}, {"push", collective.Push, false},
-		// virtual ranks get GPU-scope barriers by default: the system-scope ones must work too
-		{"twoshot-systemscope", collective.TwoShot, true}}
+		// virtual ranks get GPU-scope (counting) barriers by default: the system-scope ones,
+		// which ranks on several GPUs use, must work too
+		{"oneshot-systemscope", collective.OneShot, true}, {"twoshot-systemscope", collective.TwoShot, true}}
 	for _, ws := range []int{2, 4, 8, 16} {
 		for _, v := range variants {
 			algo := v.algo
