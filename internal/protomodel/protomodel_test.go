@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/ptx"
 )
 
 // brokenStall is the watchdog limit for runs expected to deadlock: long
@@ -158,6 +160,12 @@ func TestPush(t *testing.T) {
 			assert.Positive(t, st.Ahead, "no rank ever got a call ahead: the schedule did not test the parts")
 		})
 	}
+}
+
+// TestPushPartsMatchKernels: the modelled protocols use the kernels' receive parts.
+func TestPushPartsMatchKernels(t *testing.T) {
+	assert.Equal(t, ptx.PushParts(ptx.DeferRearmMinRanks-1), Immediate.parts())
+	assert.Equal(t, ptx.PushParts(ptx.DeferRearmMinRanks), Deferred.parts())
 }
 
 // TestPushBrokenCaught: one part for every call, and the deferred re-arm with two parts (a peer
