@@ -7,9 +7,9 @@
 //
 // Memory. Every rank's 16 KiB signal region is an array of u32 words at the
 // offsets of docs/kernel-abi.md (self_counter, peer_counter[2 phases],
-// push_epoch), zeroed at creation; push receive buffers and one-shot input
-// buffers are arrays of u32 elements. Every access is one sync/atomic load or
-// store, the counterpart of one ld/st in the kernel.
+// push_epoch, push_pending), zeroed at creation; push receive buffers and
+// one-shot input buffers are arrays of u32 elements. Every access is one
+// sync/atomic load or store, the counterpart of one ld/st in the kernel.
 //
 // Blocks and threads. Each block of each rank is a goroutine. A block's
 // threads are state machines that the goroutine steps in a random order, one
