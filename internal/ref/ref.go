@@ -14,7 +14,10 @@
 // produce on every rank.
 //
 // Buffers are little-endian element bytes, one []byte per rank, all of the
-// same length, a multiple of 16 bytes (one kernel vector).
+// same length, a whole number of elements. The kernels work on 16-byte
+// vectors; a length that is not a multiple of 16 bytes ends in a partial
+// vector, whose elements are reduced like the others (the kernels store only
+// the message's part of it).
 package ref
 
 import (
@@ -67,7 +70,7 @@ func reduce(algo string, dt dtype.DType, inputs [][]byte, negZero bool, first fu
 	}
 	ws, size := len(inputs), dt.Size()
 	n := len(inputs[0]) / size
-	nvec := len(inputs[0]) / VectorBytes
+	nvec := (len(inputs[0]) + VectorBytes - 1) / VectorBytes
 	out := make([]byte, len(inputs[0]))
 	sum := func(lo, hi int) {
 		for i := lo; i < hi; i++ {
@@ -109,8 +112,8 @@ func check(dt dtype.DType, inputs [][]byte) error {
 			return fmt.Errorf("rank %d has %d bytes but rank 0 has %d: every rank must pass the same length", r, len(in), n)
 		}
 	}
-	if n%VectorBytes != 0 {
-		return fmt.Errorf("%d bytes is not a multiple of %d: the kernels work on whole 16-byte vectors", n, VectorBytes)
+	if n%dt.Size() != 0 {
+		return fmt.Errorf("%d bytes is not a whole number of %v elements", n, dt)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package ref
 
 import (
+	"encoding/binary"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -208,8 +209,8 @@ func TestReduceErrors(t *testing.T) {
 		assert.ErrorContains(t, err, "no inputs", a.name)
 		_, err = a.fn(dtype.Float32, [][]byte{make([]byte, 16), make([]byte, 32)})
 		assert.ErrorContains(t, err, "rank 1 has 32 bytes but rank 0 has 16", a.name)
-		_, err = a.fn(dtype.Float32, [][]byte{make([]byte, 20), make([]byte, 20)})
-		assert.ErrorContains(t, err, "not a multiple of 16", a.name)
+		_, err = a.fn(dtype.Float32, [][]byte{make([]byte, 6), make([]byte, 6)})
+		assert.ErrorContains(t, err, "not a whole number of f32 elements", a.name)
 		_, err = a.fn(dtype.Invalid, [][]byte{make([]byte, 16)})
 		assert.ErrorContains(t, err, "unsupported element type", a.name)
 		assert.ErrorContains(t, err, a.name[:3], "the error names the algorithm")
@@ -227,4 +228,33 @@ func TestF32RoundsEveryAdd(t *testing.T) {
 	out, err := OneShot(dtype.Float32, column(dtype.Float32, 1, 0x3F800000, bits, bits))
 	require.NoError(t, err)
 	assert.Equal(t, perVector(dtype.Float32, 0x3F800000), elements(dtype.Float32, out))
+}
+
+// TestPartialVector checks a message that ends in a partial vector: its elements belong to the
+// vector that holds them, so TwoShot sums them from that vector's shard owner, as the kernel
+// does.
+func TestPartialVector(t *testing.T) {
+	// f32: 2 vectors, the last with three elements; one vector per shard (with the partial
+	// vector not counted, the shards would be empty and rank 1 would own everything)
+	const ws, count = 2, 7
+	inputs := make([][]byte, ws)
+	for r := range inputs {
+		inputs[r] = make([]byte, 4*count)
+		for i := range count {
+			// distinct magnitudes so that the order of the adds shows in the last bit
+			v := float32(1+r) * float32(math.Pow(2, float64(24*r-24))) * float32(1+i)
+			binary.LittleEndian.PutUint32(inputs[r][4*i:], math.Float32bits(v))
+		}
+	}
+	got, err := TwoShot(dtype.Float32, inputs)
+	require.NoError(t, err)
+	require.Len(t, got, 4*count)
+	for i := range count {
+		owner := min(i*4/VectorBytes, ws-1) // vector i/4, one vector per shard
+		acc := math.Float32frombits(binary.LittleEndian.Uint32(inputs[owner][4*i:]))
+		for k := 1; k < ws; k++ {
+			acc += math.Float32frombits(binary.LittleEndian.Uint32(inputs[(owner+k)%ws][4*i:]))
+		}
+		assert.Equal(t, math.Float32bits(acc), binary.LittleEndian.Uint32(got[4*i:]), "element %d", i)
+	}
 }
