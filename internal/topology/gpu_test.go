@@ -26,8 +26,8 @@ func requireGPU(t *testing.T) {
 	}
 }
 
-// TestGPUDiscover prints the facts (compare the cgo and the purego build's output: they must
-// be equal) and checks every GPU with itself for real.
+// TestGPUDiscover prints the facts (compare the purego and the goccl_nvml_cgo build's
+// output: they must be equal) and checks every GPU with itself for real.
 func TestGPUDiscover(t *testing.T) {
 	requireGPU(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

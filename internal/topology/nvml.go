@@ -9,8 +9,9 @@ import (
 )
 
 // NVML is the small part of NVIDIA's management library that topology uses. The default
-// (Options.NVML nil) is go-nvml when built with cgo and a purego binding of libnvidia-ml
-// without cgo; tests pass go-nvml's mock servers or a fake. Implementations need not be
+// (Options.NVML nil) is a purego binding of libnvidia-ml in every build, cgo or not, and
+// NVIDIA's go-nvml under the goccl_nvml_cgo build tag; tests pass a fake, or go-nvml's mock
+// servers under the tag. Implementations need not be
 // safe for concurrent use: Discover calls them from one goroutine.
 type NVML interface {
 	// Init loads and initialises the library. A missing library is an error matching

@@ -1,4 +1,4 @@
-//go:build cgo
+//go:build goccl_nvml_cgo && cgo
 
 package topology
 
@@ -8,8 +8,9 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
-// defaultNVML uses NVIDIA's go-nvml, which needs cgo; the !cgo build binds the same calls
-// through purego instead.
+// defaultNVML uses NVIDIA's go-nvml, which needs cgo. It is chosen only by the
+// goccl_nvml_cgo build tag; every other build binds the same calls through purego
+// (nvml_purego.go).
 func defaultNVML() NVML {
 	path := nvmlLibraryPath()
 	return goNVML{lib: nvml.New(nvml.WithLibraryPath(path)), path: path}

@@ -7,7 +7,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// These run against whichever NVML the build uses: go-nvml with cgo, purego without.
+// These run against whichever NVML the build uses: purego by default, go-nvml under the
+// goccl_nvml_cgo tag.
 
 func TestDefaultNVMLMissingLibrary(t *testing.T) {
 	t.Setenv("GOCCL_LIBNVML", "/nonexistent/libnvidia-ml.so.1")

@@ -1,4 +1,4 @@
-//go:build cgo
+//go:build goccl_nvml_cgo && cgo
 
 package topology
 
@@ -17,7 +17,7 @@ import (
 )
 
 // nvmlBuild names the NVML binding this build uses, for the GPU test's output.
-const nvmlBuild = "go-nvml (cgo)"
+const nvmlBuild = "go-nvml (cgo, goccl_nvml_cgo tag)"
 
 // hgxMock is go-nvml's DGX H100 mock server wired like the real board: each GPU's 18
 // NVLinks go to the four NVSwitches, all pairs peer-capable, GPUs 0-3 and 4-7 on two NUMA

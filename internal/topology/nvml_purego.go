@@ -1,4 +1,4 @@
-//go:build !cgo
+//go:build !goccl_nvml_cgo
 
 package topology
 
@@ -11,8 +11,9 @@ import (
 	"github.com/ebitengine/purego"
 )
 
-// defaultNVML binds libnvidia-ml through purego: the build has no cgo, so go-nvml (which
-// needs it) is not available.
+// defaultNVML binds libnvidia-ml through purego, with or without cgo: no C compiler, no
+// libc-linked NVML wrapper, nothing to build. The goccl_nvml_cgo tag swaps in go-nvml
+// (nvml_cgo.go) instead.
 func defaultNVML() NVML { return &puregoNVML{path: nvmlLibraryPath()} }
 
 // puregoNVML calls libnvidia-ml's C functions through purego.SyscallN. The library is opened

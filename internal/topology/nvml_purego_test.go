@@ -1,4 +1,4 @@
-//go:build !cgo
+//go:build !goccl_nvml_cgo
 
 package topology
 
@@ -11,7 +11,7 @@ import (
 )
 
 // nvmlBuild names the NVML binding this build uses, for the GPU test's output.
-const nvmlBuild = "purego (no cgo)"
+const nvmlBuild = "purego"
 
 func TestPuregoResolvesEverySymbol(t *testing.T) {
 	path := requireEnv(t, "GOCCL_LIBNVML")
