@@ -83,7 +83,7 @@ func (c *peerCache) load() (*cacheFile, error) {
 	}
 	var f cacheFile
 	if err := json.Unmarshal(b, &f); err != nil {
-		return nil, fmt.Errorf("%s: %w (delete it or use Force)", c.path, err)
+		return nil, fmt.Errorf("%s: %w (delete it, or set %s=1 or Options.Force to check again)", c.path, err, RecheckEnv)
 	}
 	// The name is only a hash: make sure the file is about these GPUs and this driver.
 	if f.Driver != c.driver || !slices.Equal(f.Devices, c.devices) {

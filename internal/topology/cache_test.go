@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/goccl/goccl/driver"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -164,4 +165,153 @@ func TestPeerCheckCleanupErrorIsANote(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, topo.Links[0][1].Check.Passed(), "the checks themselves passed")
 	assert.Equal(t, []string{"after the peer check: " + cu.cleanupErr.Error()}, topo.Notes)
+}
+
+// timeoutErr is what the driver-backed check returns when the copy over the link does not
+// finish in time.
+func timeoutErr() error {
+	return fmt.Errorf("copy over the link did not finish within 10s: %w",
+		fmt.Errorf("wait for stream: %w (%w)", driver.ErrTimeout, context.DeadlineExceeded))
+}
+
+func TestPeerCheckTimeoutNotCached(t *testing.T) {
+	for name, err := range map[string]error{
+		"plain": timeoutErr(),
+		// Marked as a verdict (as a CUDA implementation might): a timeout is still none.
+		"marked": fmt.Errorf("%w: %w", ErrPeerCheckFailed, timeoutErr()),
+	} {
+		t.Run(name, func(t *testing.T) {
+			nv, cu := pcieBox()
+			cu.checkErr = map[Pair]error{{0, 1}: err}
+			opts := Options{NVML: nv, CUDA: cu, CheckP2P: true, CacheDir: t.TempDir()}
+			topo, derr := Discover(context.Background(), opts)
+			require.NoError(t, derr)
+			assert.Equal(t, Check{Ran: true, Err: err.Error()}, topo.Links[0][1].Check)
+			requirePolicyRefusal(t, topo, "did not finish within 10s")
+			require.Len(t, topo.Notes, 1)
+			assert.Contains(t, topo.Notes[0], "not cached")
+			assert.Contains(t, topo.Notes[0], "timed out")
+			assert.NoFileExists(t, topo.CachePath)
+
+			cu.checkErr = nil // the link was fine, the GPU was busy
+			again, derr := Discover(context.Background(), opts)
+			require.NoError(t, derr)
+			assert.Len(t, cu.checked, 2, "a timeout is checked again, not remembered")
+			assert.Equal(t, CheckRunNow, again.PeerCheck)
+			assert.NoError(t, again.CheckCustomAllReduce([]int{0, 1}, PolicyOptions{}))
+		})
+	}
+}
+
+// requirePolicyRefusal checks that topo refuses GPUs 0 and 1 for a fresh (not cached)
+// check failure whose reason contains why.
+func requirePolicyRefusal(t *testing.T, topo *Topology, why string) {
+	t.Helper()
+	err := topo.CheckCustomAllReduce([]int{0, 1}, PolicyOptions{})
+	var pe *PolicyError
+	require.ErrorAs(t, err, &pe)
+	assert.Contains(t, pe.Reason, why)
+	assert.Empty(t, pe.Cache)
+	assert.NotContains(t, err.Error(), "cached")
+}
+
+func TestPeerCheckTimeoutRemovesTheVerdictItReplaces(t *testing.T) {
+	nv, cu := pcieBox()
+	cu.checkErr = map[Pair]error{{0, 1}: fmt.Errorf("4096 of 1048576 bytes differ (%w)", ErrPeerCheckFailed)}
+	opts := Options{NVML: nv, CUDA: cu, CheckP2P: true, CacheDir: t.TempDir()}
+	first, err := Discover(context.Background(), opts)
+	require.NoError(t, err)
+	require.FileExists(t, first.CachePath)
+
+	// Re-checked, the pair times out: the old verdict is neither confirmed nor kept.
+	cu.checkErr = map[Pair]error{{0, 1}: timeoutErr()}
+	opts.Force = true
+	forced, err := Discover(context.Background(), opts)
+	require.NoError(t, err)
+	require.Len(t, forced.Notes, 1)
+	assert.Contains(t, forced.Notes[0], "earlier ones in "+first.CachePath+" removed")
+	assert.NoFileExists(t, first.CachePath)
+
+	cu.checkErr = nil
+	opts.Force = false
+	next, err := Discover(context.Background(), opts)
+	require.NoError(t, err)
+	assert.Equal(t, CheckRunNow, next.PeerCheck, "nothing cached to trust: checked again")
+	assert.Len(t, cu.checked, 3)
+	assert.True(t, next.Links[0][1].Check.Passed())
+}
+
+func TestPeerCheckDriverRefusalIsCached(t *testing.T) {
+	nv, cu := pcieBox()
+	refused := fmt.Errorf("enable peer access: cuCtxEnablePeerAccess: CUDA_ERROR_PEER_ACCESS_UNSUPPORTED (217): %w", ErrPeerCheckFailed)
+	cu.checkErr = map[Pair]error{{1, 0}: refused}
+	opts := Options{NVML: nv, CUDA: cu, CheckP2P: true, CacheDir: t.TempDir()}
+	_, err := Discover(context.Background(), opts)
+	require.NoError(t, err)
+	again, err := Discover(context.Background(), opts)
+	require.NoError(t, err)
+	assert.Equal(t, CheckFromCache, again.PeerCheck)
+	assert.Equal(t, refused.Error(), again.Links[1][0].Check.Err)
+}
+
+func TestCachedVerdictErrorNamesTheCacheAndTheRecheck(t *testing.T) {
+	nv, cu := pcieBox()
+	cu.checkErr = map[Pair]error{{1, 0}: fmt.Errorf("4096 of 1048576 bytes differ (%w)", ErrPeerCheckFailed)}
+	opts := Options{NVML: nv, CUDA: cu, CheckP2P: true, CacheDir: t.TempDir()}
+	fresh, err := Discover(context.Background(), opts)
+	require.NoError(t, err)
+	err = fresh.CheckCustomAllReduce([]int{0, 1}, PolicyOptions{})
+	require.ErrorIs(t, err, ErrNotEligible)
+	assert.NotContains(t, err.Error(), fresh.CachePath, "a verdict of this run is not a cached one")
+
+	cached, err := Discover(context.Background(), opts)
+	require.NoError(t, err)
+	require.Equal(t, CheckFromCache, cached.PeerCheck)
+	err = cached.CheckCustomAllReduce([]int{0, 1}, PolicyOptions{})
+	require.ErrorIs(t, err, ErrNotEligible)
+	var pe *PolicyError
+	require.ErrorAs(t, err, &pe)
+	assert.Equal(t, cached.CachePath, pe.Cache)
+	assert.Contains(t, err.Error(), "4096 of 1048576 bytes differ")
+	assert.Contains(t, err.Error(), "verdict cached in "+cached.CachePath)
+	assert.Contains(t, err.Error(), "GOCCL_P2P_RECHECK=1")
+	assert.Contains(t, err.Error(), "topology.Options.Force")
+
+	// A refusal for another reason (no NVLink) has nothing to do with the cache.
+	three := meshTopology(3, 0)
+	three.PeerCheck, three.CachePath = CheckFromCache, cached.CachePath
+	err = three.CheckCustomAllReduce([]int{0, 1, 2}, PolicyOptions{})
+	require.ErrorAs(t, err, &pe)
+	assert.Empty(t, pe.Cache)
+}
+
+func TestRecheckEnvBypassesTheCache(t *testing.T) {
+	nv, cu := pcieBox()
+	cu.checkErr = map[Pair]error{{1, 0}: fmt.Errorf("4096 of 1048576 bytes differ (%w)", ErrPeerCheckFailed)}
+	opts := Options{NVML: nv, CUDA: cu, CheckP2P: true, CacheDir: t.TempDir()}
+	_, err := Discover(context.Background(), opts)
+	require.NoError(t, err)
+
+	cu.checkErr = nil // the link was repaired (a driver fix of the same version)
+	t.Setenv(RecheckEnv, "1")
+	rechecked, err := Discover(context.Background(), opts)
+	require.NoError(t, err)
+	assert.Len(t, cu.checked, 2, "GOCCL_P2P_RECHECK=1 checks again")
+	assert.Equal(t, CheckRunNow, rechecked.PeerCheck)
+	assert.NoError(t, rechecked.CheckCustomAllReduce([]int{0, 1}, PolicyOptions{}))
+
+	t.Setenv(RecheckEnv, "0")
+	cached, err := Discover(context.Background(), opts)
+	require.NoError(t, err)
+	assert.Len(t, cu.checked, 2, "GOCCL_P2P_RECHECK=0 uses the cache")
+	assert.Equal(t, CheckFromCache, cached.PeerCheck)
+	assert.NoError(t, cached.CheckCustomAllReduce([]int{0, 1}, PolicyOptions{}), "the re-check replaced the cached verdict")
+
+	t.Setenv(RecheckEnv, "please")
+	_, err = Discover(context.Background(), opts)
+	require.ErrorContains(t, err, `GOCCL_P2P_RECHECK="please" is not understood`)
+	assert.ErrorContains(t, err, "set it to 1")
+
+	_, err = Discover(context.Background(), Options{NVML: nv, CUDA: cu, CacheDir: opts.CacheDir})
+	assert.NoError(t, err, "without CheckP2P the variable is not read")
 }

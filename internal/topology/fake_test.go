@@ -8,6 +8,10 @@ import (
 	"time"
 )
 
+// The cache tests expect the cache to be used: a GOCCL_P2P_RECHECK=1 left in the developer's
+// shell would turn every Discover into a re-check. Tests that want it set it themselves.
+func init() { os.Unsetenv(RecheckEnv) }
+
 // fakeNVML is an NVML whose GPUs and links a test lays out.
 type fakeNVML struct {
 	initErr error

@@ -25,8 +25,9 @@ const (
 	p2pCheckBytes = 1 << 20
 )
 
-// linkFault marks err as the link's fault: errors.Is(err, ErrPeerCheckFailed) holds and the
-// text is unchanged.
+// linkFault marks err as a verdict against the link: errors.Is(err, ErrPeerCheckFailed)
+// holds and the text is unchanged. Only two outcomes earn it: data that arrived wrong, and a
+// driver that refused the peer access it had offered. Discover caches those.
 type linkFault struct{ error }
 
 func (e linkFault) Is(target error) bool { return target == ErrPeerCheckFailed }
@@ -113,7 +114,8 @@ func (driverCUDA) CheckPeers(ctx context.Context, pairs []Pair, timeout time.Dur
 // checkPair writes random data from GPU from into memory on GPU to, with the copy kernel
 // running on from (SM stores through the peer mapping, as the all-reduce does), reads it
 // back on to and compares. Every wait has a deadline, so a link that swallows writes or
-// hangs is an error, not a hung process.
+// hangs is an error, not a hung process. A hang or a fault fails the check but is no verdict
+// (no linkFault): it may come from anything else on the GPU, and a later process checks again.
 func checkPair(ctx context.Context, from, to *checkDevice, timeout time.Duration) (err error) {
 	var undo []func() error
 	defer func() {
@@ -202,16 +204,9 @@ func checkPair(ctx context.Context, from, to *checkDevice, timeout time.Duration
 	}
 	// from's stream first: a fault of the kernel shows there, with its own error.
 	if err := waitStreams(ctx, timeout, sFrom, sTo); err != nil {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || errors.Is(err, driver.ErrTimeout) {
+			// The copy may still be running: what it uses must not be freed under it.
 			from.hung, to.hung = true, true
-			return err
-		}
-		if errors.Is(err, driver.ErrTimeout) {
-			from.hung, to.hung = true, true
-			return linkFault{err}
-		}
-		if errors.Is(err, driver.ErrIllegalAddress) || errors.Is(err, driver.ErrLaunchFailed) {
-			return linkFault{err}
 		}
 		return err
 	}

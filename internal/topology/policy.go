@@ -25,12 +25,22 @@ type PolicyError struct {
 	// FromBus and ToBus are their PCI bus ids.
 	FromBus, ToBus string
 	Reason         string
+	// Cache is the peer-check cache file the verdict was read from, "" when the verdict
+	// does not come from a cache. A cached verdict can be stale (a driver or firmware fix
+	// under the same version): Force or RecheckEnv checks again.
+	Cache string
 }
 
-// Error names both GPUs, by ordinal and bus id, and the reason.
+// Error names both GPUs, by ordinal and bus id, and the reason; for a cached verdict also
+// the cache file and how to check again.
 func (e *PolicyError) Error() string {
-	return fmt.Sprintf("custom all-reduce not usable between GPU %d (%s) and GPU %d (%s): %s",
+	s := fmt.Sprintf("custom all-reduce not usable between GPU %d (%s) and GPU %d (%s): %s",
 		e.From, e.FromBus, e.To, e.ToBus, e.Reason)
+	if e.Cache != "" {
+		s += fmt.Sprintf(" (verdict cached in %s by an earlier check; to check again set %s=1 in the environment or topology.Options.Force, or delete the file)",
+			e.Cache, RecheckEnv)
+	}
+	return s
 }
 
 // Unwrap makes errors.Is(err, ErrNotEligible) true.
@@ -58,7 +68,7 @@ func (t *Topology) CheckCustomAllReduce(ordinals []int, opts PolicyOptions) erro
 		return nil
 	}
 
-	fail := func(a, b int, format string, args ...any) error {
+	fail := func(a, b int, format string, args ...any) *PolicyError {
 		return &PolicyError{From: a, To: b, FromBus: t.GPUs[a].BusID, ToBus: t.GPUs[b].BusID,
 			Reason: fmt.Sprintf(format, args...)}
 	}
@@ -71,7 +81,11 @@ func (t *Topology) CheckCustomAllReduce(ordinals []int, opts PolicyOptions) erro
 			case !l.Check.Ran:
 				return fail(a, b, "peer access not verified (run Discover with CheckP2P)")
 			case l.Check.Err != "":
-				return fail(a, b, "peer check failed: %s", l.Check.Err)
+				pe := fail(a, b, "peer check failed: %s", l.Check.Err)
+				if t.PeerCheck == CheckFromCache {
+					pe.Cache = t.CachePath
+				}
+				return pe
 			}
 		}
 	}

@@ -60,7 +60,7 @@ func (t *Topology) Render(w io.Writer) error {
 
 	fmt.Fprintf(&b, "\nPeer check (%s", t.PeerCheck)
 	if t.PeerCheck == CheckFromCache {
-		fmt.Fprintf(&b, " %s; Force re-checks", t.CachePath)
+		fmt.Fprintf(&b, " %s; %s=1 or Options.Force checks again", t.CachePath, RecheckEnv)
 	}
 	b.WriteString("): write from row GPU into column GPU, read back\n")
 	var failures []string

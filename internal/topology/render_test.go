@@ -82,7 +82,7 @@ func TestRenderFromCacheNamesTheFile(t *testing.T) {
 	require.NoError(t, err)
 	var b bytes.Buffer
 	require.NoError(t, topo.Render(&b))
-	assert.Contains(t, b.String(), "Peer check (from cache "+topo.CachePath+"; Force re-checks)")
+	assert.Contains(t, b.String(), "Peer check (from cache "+topo.CachePath+"; GOCCL_P2P_RECHECK=1 or Options.Force checks again)")
 }
 
 type failingWriter struct{}

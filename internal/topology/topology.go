@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"strconv"
 	"time"
+
+	"github.com/goccl/goccl/driver"
 )
 
 // GPU is what is known of one GPU this process can use.
@@ -73,7 +77,7 @@ const (
 	// CheckRunNow: the checks ran during Discover.
 	CheckRunNow
 	// CheckFromCache: an earlier run's results, for the same driver and GPUs, read from
-	// Topology.CachePath. Options.Force runs them again.
+	// Topology.CachePath. Options.Force or GOCCL_P2P_RECHECK=1 runs them again.
 	CheckFromCache
 )
 
@@ -117,13 +121,15 @@ type Options struct {
 	// itself), or takes the results from the cache.
 	CheckP2P bool
 	// Force ignores cached peer-check results: the checks run again and replace the cache.
+	// GOCCL_P2P_RECHECK=1 in the environment (RecheckEnv) does the same for programs that
+	// do not set Options, such as every communicator of package collective.
 	Force bool
 	// CacheDir is where peer-check results are kept; "" means os.UserCacheDir()/goccl.
 	CacheDir string
 	// Timeout bounds each pair's peer check; 0 means DefaultCheckTimeout.
 	Timeout time.Duration
-	// NVML is the management library; nil uses the build's default (go-nvml with cgo, a
-	// purego binding without).
+	// NVML is the management library; nil uses the build's default (a purego binding of
+	// libnvidia-ml, or go-nvml under the goccl_nvml_cgo build tag).
 	NVML NVML
 	// CUDA is the CUDA side; nil uses package driver.
 	CUDA CUDA
@@ -147,22 +153,54 @@ type CUDA interface {
 	// CanAccessPeer is cuDeviceCanAccessPeer(from, to).
 	CanAccessPeer(from, to int) (bool, error)
 	// CheckPeers runs the peer check for each pair, each bounded by timeout, and returns one
-	// error per pair (nil: passed). A failure of the link itself (data not arriving, a
-	// hang, a fault) wraps ErrPeerCheckFailed; anything else (out of memory, ctx done) is
-	// not the link's fault and is not cached. The last error is for what belongs to no
-	// pair: releasing what the checks used.
+	// error per pair (nil: passed). A verdict against the link (data that arrived wrong, or
+	// peer access the driver offered and then refused) wraps ErrPeerCheckFailed; any other
+	// failure (a timeout, a fault, out of memory, ctx done) fails the pair without wrapping
+	// it, and is not cached. The last error is for what belongs to no pair: releasing what
+	// the checks used.
 	CheckPeers(ctx context.Context, pairs []Pair, timeout time.Duration) ([]error, error)
 }
 
-// ErrPeerCheckFailed marks a peer check that failed because of the link: writes through the
-// peer mapping were lost or corrupted, hung, or faulted.
+// ErrPeerCheckFailed marks a verdict against a link: data written through the peer mapping
+// was checked and came back wrong, or the driver refused peer access it had offered. Only
+// such verdicts are cached; a check that timed out or failed in any other way is not one,
+// even if it wraps ErrPeerCheckFailed, and runs again in the next Discover.
 var ErrPeerCheckFailed = errors.New("peer check failed")
+
+// RecheckEnv is the environment variable that makes Discover ignore cached peer-check results
+// and check again, like Options.Force: "1" (or any strconv.ParseBool true) re-checks, "" or
+// "0" uses the cache. Errors that come from a cached verdict name it.
+const RecheckEnv = "GOCCL_P2P_RECHECK"
+
+// isVerdict says whether a pair's check error is a verdict worth caching: it wraps
+// ErrPeerCheckFailed and is not a timeout. The timeout test holds whatever a CUDA
+// implementation marked: a check that ran out of time learned nothing about the link.
+func isVerdict(err error) bool {
+	return errors.Is(err, ErrPeerCheckFailed) &&
+		!errors.Is(err, driver.ErrTimeout) &&
+		!errors.Is(err, context.DeadlineExceeded) &&
+		!errors.Is(err, context.Canceled)
+}
+
+// recheckRequested reads RecheckEnv.
+func recheckRequested() (bool, error) {
+	v := os.Getenv(RecheckEnv)
+	if v == "" {
+		return false, nil
+	}
+	on, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, fmt.Errorf("topology: %s=%q is not understood: set it to 1 to check peer access again (ignoring the cache), or to 0 or nothing to use the cache", RecheckEnv, v)
+	}
+	return on, nil
+}
 
 // Discover finds the GPUs this process sees and how they are linked. CUDA is required (its
 // absence is an error from package driver, e.g. driver.ErrNoDriver); NVML is optional: without
 // it the topology holds CUDA's facts only and Notes say why. With opts.CheckP2P it also
-// checks every pair for real, or reuses cached results for the same driver and GPU set.
-// The peer checks leave peer access enabled in the devices' primary contexts.
+// checks every pair for real, or reuses cached results for the same driver and GPU set
+// (unless opts.Force, or RecheckEnv is set). The peer checks leave peer access enabled in the
+// devices' primary contexts.
 func Discover(ctx context.Context, opts Options) (*Topology, error) {
 	cu := opts.CUDA
 	if cu == nil {
@@ -208,6 +246,11 @@ func Discover(ctx context.Context, opts Options) (*Topology, error) {
 	}
 
 	if opts.CheckP2P {
+		recheck, err := recheckRequested()
+		if err != nil {
+			return nil, err
+		}
+		opts.Force = opts.Force || recheck
 		if err := t.checkPeers(ctx, cu, opts); err != nil {
 			return nil, err
 		}
@@ -273,7 +316,7 @@ func (t *Topology) checkPeers(ctx context.Context, cu CUDA, opts Options) error 
 		chk := Check{Ran: true}
 		if errs[k] != nil {
 			chk.Err = errs[k].Error()
-			conclusive = conclusive && errors.Is(errs[k], ErrPeerCheckFailed)
+			conclusive = conclusive && isVerdict(errs[k])
 		}
 		t.Links[p.From][p.To].Check = chk
 	}
@@ -281,10 +324,26 @@ func (t *Topology) checkPeers(ctx context.Context, cu CUDA, opts Options) error 
 	switch {
 	case c == nil:
 	case !conclusive:
-		t.note("peer-check results not cached: a check failed for a reason other than the link")
+		// An older file (read past with Force, or incomplete) holds results this run could
+		// not confirm: it goes too, so that the next Discover checks again.
+		err := os.Remove(c.path)
+		switch {
+		case err == nil:
+			t.note("peer-check results not cached, and the earlier ones in %s removed: a check ended without a verdict on the link (it timed out or failed for another reason); the next Discover checks again", c.path)
+		case errors.Is(err, fs.ErrNotExist):
+			t.note("peer-check results not cached: a check ended without a verdict on the link (it timed out or failed for another reason); the next Discover checks again")
+		default:
+			t.note("peer-check results not cached: a check ended without a verdict on the link; the earlier results in %s could not be removed (%v): delete the file, or set %s=1", c.path, err, RecheckEnv)
+		}
 	default:
 		if err := c.save(t, pairs); err != nil {
-			t.note("peer-check results not cached: %v", err)
+			// An older file must not outlive results that replace it.
+			rerr := os.Remove(c.path)
+			if rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+				t.note("peer-check results not cached: %v; the earlier results in %s could not be removed either (%v): delete the file, or set %s=1", err, c.path, rerr, RecheckEnv)
+			} else {
+				t.note("peer-check results not cached: %v", err)
+			}
 		}
 	}
 	return nil
