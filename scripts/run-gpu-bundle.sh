@@ -53,8 +53,8 @@ if [ $# -gt 0 ]; then
 fi
 for bin in *.test; do
   name=${bin%.test}
-  # Only the multi-process tests run under MPS: virtual ranks in one process hung under it on
-  # an H200 (2026-12-02), and need no MPS anyway.
+  # Only the multi-process tests run under MPS: virtual ranks in one process hang under it on
+  # an H200, and need no MPS anyway.
   if [ "$name" = collective ]; then
     run collective "./$bin" -test.v -test.skip '^TestMultiProcess$' || status=1
     with_mps run collective-multiprocess "./$bin" -test.v -test.run '^TestMultiProcess$' || status=1
