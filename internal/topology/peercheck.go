@@ -100,6 +100,12 @@ func (driverCUDA) CheckPeers(ctx context.Context, pairs []Pair, timeout time.Dur
 			errs[k] = err
 			continue
 		}
+		if hung := busy(p, from, to); hung >= 0 {
+			// Work queued now would wait behind the unfinished copy and time out too:
+			// skipping it makes a hung GPU cost one timeout, not one per pair.
+			errs[k] = fmt.Errorf("not checked: GPU %d did not finish an earlier check within %v", hung, timeout)
+			continue
+		}
 		errs[k] = checkPair(ctx, from, to, timeout)
 	}
 	var closeErrs []error
@@ -109,6 +115,17 @@ func (driverCUDA) CheckPeers(ctx context.Context, pairs []Pair, timeout time.Dur
 		}
 	}
 	return errs, errors.Join(closeErrs...)
+}
+
+// busy is the ordinal of p's GPU whose earlier check did not finish, or -1.
+func busy(p Pair, from, to *checkDevice) int {
+	switch {
+	case from.hung:
+		return p.From
+	case to.hung:
+		return p.To
+	}
+	return -1
 }
 
 // checkPair writes random data from GPU from into memory on GPU to, with the copy kernel
