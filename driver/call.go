@@ -169,6 +169,17 @@ func (c *Context) hotResult(bind bool, fn uintptr, args ...uintptr) (r Result, f
 	return Result(int32(uint32(ret))), failed, nil
 }
 
+// rawHot calls fn like raw, but without allocation: the arguments reach purego.SyscallN in a
+// pooled frame, as in hotResult. The caller keeps what they point to alive and in place
+// (heap memory it still references, or C memory).
+func rawHot(fn uintptr, args ...uintptr) Result {
+	f := frames.Get().(*frame)
+	n := copy(f[:], args)
+	r, _, _ := purego.SyscallN(fn, f[:n]...)
+	frames.Put(f)
+	return Result(int32(uint32(r)))
+}
+
 // query runs cuStreamQuery or cuEventQuery on handle h: CUDA_ERROR_NOT_READY is the answer
 // "not done", not an error, and costs no allocation (Wait polls it).
 func (c *Context) query(fn, h uintptr) (done bool, err error) {

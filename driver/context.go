@@ -1,25 +1,43 @@
 package driver
 
 import (
+	"errors"
 	"fmt"
+	"runtime"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 )
 
-// Context is a retained primary context of one device: the context the CUDA runtime (and so
-// PyTorch and NCCL) uses too, so memory and streams interoperate with them.
+// Context is a CUDA context: a retained primary context of one device (PrimaryContext), or a
+// context owned by someone else (CurrentContext, WrapContext, Stream.Context of a WrapStream).
+// The primary context is the one the CUDA runtime (and so PyTorch and NCCL) uses too, so
+// memory and streams interoperate with them.
 //
 // Every method makes the context current on the calling OS thread itself, so a Context is
-// safe to use from any goroutine, and callers never lock threads. Close releases it; objects
-// created from it (streams, events, memory, modules) must be closed or freed before.
+// safe to use from any goroutine, and callers never lock threads. A foreign Context works
+// like a primary one for every method. Close releases what this package holds; objects
+// created from the context (streams, events, memory, modules) must be closed or freed before.
 type Context struct {
-	handle uintptr // CUcontext
-	dev    Device
-	closed atomic.Bool
+	handle  uintptr // CUcontext
+	dev     Device
+	foreign bool // not owned: Close leaves the context to its owner
+	closed  atomic.Bool
+
+	// health is the state of Health, guarded by its mutex: an idle stream of the context to
+	// query, created on first use and destroyed by Close, and the capture mode that
+	// cuThreadExchangeStreamCaptureMode swaps (a field, so that the driver writes to memory
+	// that does not move).
+	health struct {
+		sync.Mutex
+		stream uintptr
+		mode   int32
+	}
 }
 
 // PrimaryContext retains the primary context of d (cuDevicePrimaryCtxRetain). Each call
-// retains once; Close releases once.
+// retains once; Close releases once. It is owned: the primary context stays alive at least
+// until Close.
 func PrimaryContext(d Device) (*Context, error) {
 	if err := Init(); err != nil {
 		return nil, err
@@ -31,16 +49,104 @@ func PrimaryContext(d Device) (*Context, error) {
 	return &Context{handle: h, dev: d}, nil
 }
 
+// CurrentContext wraps the context current on the calling OS thread (cuCtxGetCurrent), such
+// as one that cgo code or another CUDA library made current. Since the current context belongs
+// to an OS thread, the calling goroutine must be locked to that thread (runtime.LockOSThread)
+// for the answer to mean anything; note that every method of this package leaves its own
+// context current on the threads it ran on.
+//
+// The Context is not owned: Close only forgets it, and the context must outlive every use of
+// the wrapper. With no context current the error matches ErrInvalidContext.
+func CurrentContext() (*Context, error) {
+	if err := Init(); err != nil {
+		return nil, err
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return currentContext()
+}
+
+// currentContext is CurrentContext on a driver already initialized, with the calling
+// goroutine locked to its thread.
+func currentContext() (*Context, error) {
+	var h uintptr
+	if err := call(cuCtxGetCurrent, uintptr(unsafe.Pointer(&h))); err != nil {
+		return nil, fmt.Errorf("get the current CUDA context: %w", err)
+	}
+	if h == 0 {
+		return nil, fmt.Errorf("no CUDA context is current on this OS thread (make one current, with the calling goroutine locked to the thread, or use WrapContext or PrimaryContext): %w",
+			ErrInvalidContext)
+	}
+	var d int32
+	if err := call(cuCtxGetDevice, uintptr(unsafe.Pointer(&d))); err != nil {
+		return nil, fmt.Errorf("get the device of the current CUDA context %#x: %w", h, err)
+	}
+	return &Context{handle: h, dev: Device(d), foreign: true}, nil
+}
+
+// WrapContext wraps a CUcontext made elsewhere (cuCtxCreate or cuDevicePrimaryCtxRetain in
+// cgo code or another binding). It finds the context's device with cuCtxGetDevice, making
+// handle current on a locked thread for the call and restoring the thread's previous context
+// afterwards.
+//
+// The Context is not owned: Close only forgets it (it neither destroys nor releases the
+// context), and the context must outlive every use of the wrapper and of what was created
+// through it. handle must be a live context: the driver cannot tell every stale handle from a
+// live one.
+func WrapContext(handle uintptr) (*Context, error) {
+	if handle == 0 {
+		return nil, fmt.Errorf("wrap CUDA context: the handle is NULL: %w", ErrInvalidContext)
+	}
+	if err := Init(); err != nil {
+		return nil, err
+	}
+	return wrapContext(handle)
+}
+
+// wrapContext is WrapContext on a driver already initialized.
+func wrapContext(handle uintptr) (*Context, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var prev uintptr
+	if err := call(cuCtxGetCurrent, uintptr(unsafe.Pointer(&prev))); err != nil {
+		return nil, fmt.Errorf("wrap CUDA context %#x: get the thread's current context: %w", handle, err)
+	}
+	if err := call(cuCtxSetCurrent, handle); err != nil {
+		return nil, fmt.Errorf("wrap CUDA context %#x: make it current: %w", handle, err)
+	}
+	var d int32
+	err := call(cuCtxGetDevice, uintptr(unsafe.Pointer(&d)))
+	// The thread may belong to code that relies on its current context (a cgo caller).
+	restore := call(cuCtxSetCurrent, prev)
+	if err != nil {
+		return nil, fmt.Errorf("wrap CUDA context %#x: get its device: %w", handle, err)
+	}
+	if restore != nil {
+		return nil, fmt.Errorf("wrap CUDA context %#x: restore the thread's context %#x: %w", handle, prev, restore)
+	}
+	return &Context{handle: handle, dev: Device(d), foreign: true}, nil
+}
+
 // Device returns the device of c.
 func (c *Context) Device() Device { return c.dev }
 
-// Close releases the primary context (cuDevicePrimaryCtxRelease_v2). Calling it again does
-// nothing.
+// Handle returns the raw CUcontext, for handing to other CUDA libraries. It stays owned by c
+// (a primary context) or by its owner (a foreign context): the receiver must not destroy it.
+func (c *Context) Handle() uintptr { return c.handle }
+
+// Close releases what c holds: the stream of Health, then, for a primary context, the
+// retain (cuDevicePrimaryCtxRelease_v2). For a foreign context it does nothing else: the
+// context stays its owner's. Calling it again does nothing. It must not run concurrently with
+// other methods of c.
 func (c *Context) Close() error {
 	if c == nil || !c.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	return call(cuDevicePrimaryCtxRelease_v2, uintptr(c.dev))
+	err := c.closeHealth()
+	if c.foreign {
+		return err
+	}
+	return errors.Join(err, call(cuDevicePrimaryCtxRelease_v2, uintptr(c.dev)))
 }
 
 // makeCurrent binds c to the calling thread, which the caller has locked.

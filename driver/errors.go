@@ -104,10 +104,28 @@ var (
 	// ErrPeerAccessAlreadyEnabled: CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED.
 	ErrPeerAccessAlreadyEnabled = errors.New("peer access already enabled")
 	// ErrIllegalAddress: a kernel touched memory it may not (CUDA_ERROR_ILLEGAL_ADDRESS). The
-	// context is unusable afterwards.
+	// context is lost: the error also matches ErrContextLost.
 	ErrIllegalAddress = errors.New("illegal address")
-	// ErrLaunchFailed: a kernel faulted (CUDA_ERROR_LAUNCH_FAILED).
+	// ErrLaunchFailed: a kernel faulted (CUDA_ERROR_LAUNCH_FAILED). The context is lost: the
+	// error also matches ErrContextLost.
 	ErrLaunchFailed = errors.New("launch failed")
+	// ErrContextLost: the CUDA context is dead. A kernel faulted (illegal address or
+	// instruction, misaligned address, device-side assert, hardware stack error, ...), the
+	// GPU contained a hardware or NVLink error, or the MPS server dropped the process. The
+	// driver keeps the error: every later call on the context, and on every object made in it
+	// (streams, events, memory, modules, and the same primary context in PyTorch or NCCL),
+	// fails with the same code, and device memory contents are lost. Nothing in the process
+	// can repair it: stop issuing work, report the error, and restart the process to use the
+	// GPU again. Codes: CUDA_ERROR_ILLEGAL_ADDRESS (700), LAUNCH_TIMEOUT (702), ASSERT (710),
+	// HARDWARE_STACK_ERROR (714), ILLEGAL_INSTRUCTION (715), MISALIGNED_ADDRESS (716),
+	// INVALID_ADDRESS_SPACE (717), INVALID_PC (718), LAUNCH_FAILED (719),
+	// TENSOR_MEMORY_LEAK (721), CONTAINED (226), MPS_CLIENT_TERMINATED (810) and
+	// EXTERNAL_DEVICE (911): those that cuda.h describes as requiring the process to be
+	// terminated and relaunched. Context.Health reports it without waiting for work.
+	ErrContextLost = errors.New("CUDA context lost (restart the process to use the GPU again)")
+	// ErrNotDeviceMemory: the driver knows no allocation at an address (Context.PointerInfo):
+	// pageable host memory (Go or C heap, stack), a freed allocation, or a made-up address.
+	ErrNotDeviceMemory = errors.New("not memory known to CUDA")
 	// ErrLaunchOutOfResources: too many registers, threads or shared memory for one launch.
 	ErrLaunchOutOfResources = errors.New("launch out of resources")
 	// ErrNotReady: CUDA_ERROR_NOT_READY (Query turns it into done == false).
@@ -161,6 +179,17 @@ func sentinel(r Result) error {
 	return nil
 }
 
+// contextLost reports whether r leaves its context unusable: the codes that cuda.h documents
+// with "To continue using CUDA, the process must be terminated and relaunched" (or, for
+// CUDA_ERROR_ASSERT, "the context cannot be used anymore").
+func contextLost(r Result) bool {
+	switch r {
+	case 226, 700, 702, 710, 714, 715, 716, 717, 718, 719, 721, 810, 911:
+		return true
+	}
+	return false
+}
+
 // Error is a failed driver call.
 type Error struct {
 	Op      string // the C function, e.g. "cuMemAlloc_v2"
@@ -182,8 +211,12 @@ func (e *Error) Error() string {
 	return s
 }
 
-// Is reports whether target is the sentinel of e's code (see the Err* variables).
+// Is reports whether target is the sentinel of e's code (see the Err* variables), or
+// ErrContextLost for a code that leaves the context unusable.
 func (e *Error) Is(target error) bool {
+	if target == ErrContextLost {
+		return contextLost(e.Code)
+	}
 	s := sentinel(e.Code)
 	return s != nil && s == target
 }

@@ -3,6 +3,7 @@ package driver
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -23,22 +24,34 @@ func TestErrorFormat(t *testing.T) {
 }
 
 func TestErrorIs(t *testing.T) {
-	cases := map[Result]error{
-		34: ErrNoDriver, 100: ErrNoDevice, 801: ErrNotSupported, 1: ErrInvalidValue,
-		2: ErrOutOfMemory, 201: ErrInvalidContext, 218: ErrInvalidPTX, 222: ErrUnsupportedPTXVersion,
-		217: ErrPeerAccessUnsupported, 704: ErrPeerAccessAlreadyEnabled, 700: ErrIllegalAddress,
-		719: ErrLaunchFailed, 701: ErrLaunchOutOfResources, 600: ErrNotReady, 500: ErrNotFound,
-		900: ErrStreamCapture, 904: ErrStreamCapture, 907: ErrStreamCapture, 908: ErrStreamCapture,
-		909: ErrTimeout,
+	cases := map[Result][]error{
+		34: {ErrNoDriver}, 100: {ErrNoDevice}, 801: {ErrNotSupported}, 1: {ErrInvalidValue},
+		2: {ErrOutOfMemory}, 201: {ErrInvalidContext}, 218: {ErrInvalidPTX}, 222: {ErrUnsupportedPTXVersion},
+		217: {ErrPeerAccessUnsupported}, 704: {ErrPeerAccessAlreadyEnabled},
+		700: {ErrIllegalAddress, ErrContextLost}, 719: {ErrLaunchFailed, ErrContextLost},
+		701: {ErrLaunchOutOfResources}, 600: {ErrNotReady}, 500: {ErrNotFound},
+		900: {ErrStreamCapture}, 904: {ErrStreamCapture}, 907: {ErrStreamCapture}, 908: {ErrStreamCapture},
+		909: {ErrTimeout},
+		// The codes after which cuda.h says the process must restart to use CUDA.
+		226: {ErrContextLost}, 702: {ErrContextLost}, 710: {ErrContextLost}, 714: {ErrContextLost},
+		715: {ErrContextLost}, 716: {ErrContextLost}, 717: {ErrContextLost}, 718: {ErrContextLost},
+		721: {ErrContextLost}, 810: {ErrContextLost}, 911: {ErrContextLost},
+		// Failures that leave the context usable.
+		720: nil, 999: nil, 214: nil, 709: nil,
 	}
 	all := []error{ErrNoDriver, ErrNoDevice, ErrNotSupported, ErrInvalidValue, ErrOutOfMemory,
 		ErrInvalidContext, ErrInvalidPTX, ErrUnsupportedPTXVersion, ErrPeerAccessUnsupported,
 		ErrPeerAccessAlreadyEnabled, ErrIllegalAddress, ErrLaunchFailed, ErrLaunchOutOfResources,
-		ErrNotReady, ErrNotFound, ErrStreamCapture, ErrTimeout}
+		ErrNotReady, ErrNotFound, ErrStreamCapture, ErrTimeout, ErrContextLost, ErrNotDeviceMemory}
 	for code, want := range cases {
 		err := fmt.Errorf("context: %w", &Error{Op: "cuX", Code: code})
 		for _, s := range all {
-			assert.Equal(t, s == want, errors.Is(err, s), "code %d against %v", code, s)
+			assert.Equal(t, slices.Contains(want, s), errors.Is(err, s), "code %d against %v", code, s)
+		}
+	}
+	for code := Result(0); code < 1000; code++ {
+		if errors.Is(&Error{Op: "cuX", Code: code}, ErrContextLost) {
+			assert.NotNil(t, cases[code], "code %d matches ErrContextLost but is not listed here", code)
 		}
 	}
 	assert.False(t, errors.Is(&Error{Op: "cuX", Code: 999}, ErrInvalidValue))

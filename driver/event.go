@@ -10,8 +10,8 @@ import (
 // cuEventCreate flag: no timestamp, which makes record and wait cheaper.
 const eventDisableTiming = 0x2
 
-// Event is a CUDA event: a marker in a stream that other streams and the host can wait for.
-// Close destroys it.
+// Event is a CUDA event: a marker in a stream that other streams and the host can wait for,
+// without waiting for anything queued after it (Query, Wait). Close destroys it.
 type Event struct {
 	ctx    *Context
 	handle uintptr // CUevent; 0 once closed
@@ -38,13 +38,19 @@ func (e *Event) live() error {
 	return nil
 }
 
-// Record marks the current end of s in e (cuEventRecord). It allocates nothing.
+// Record marks the current end of s in e (cuEventRecord). s may be a wrapped stream (see
+// WrapStream); the driver needs it in e's context, which this checks first, comparing the
+// CUcontext handles (a wrapped stream of the primary context qualifies). It allocates nothing.
 func (e *Event) Record(s *Stream) error {
 	if err := e.live(); err != nil {
 		return err
 	}
 	if err := s.live(); err != nil {
 		return err
+	}
+	if s.ctx.handle != e.ctx.handle {
+		return fmt.Errorf("record event: the stream belongs to CUDA context %#x (device %d), the event to %#x (device %d): create the event in the stream's context (Stream.Context): %w",
+			s.ctx.handle, s.ctx.dev, e.ctx.handle, e.ctx.dev, ErrInvalidValue)
 	}
 	return e.ctx.hot(cuEventRecord, e.handle, s.handle)
 }
@@ -58,7 +64,9 @@ func (e *Event) Synchronize() error {
 	return e.ctx.call(cuEventSynchronize, e.handle)
 }
 
-// Query reports whether the work before the recorded point is done (cuEventQuery).
+// Query reports whether the work before the recorded point is done (cuEventQuery), without
+// blocking; an event never recorded is done. A fault of that work, or a lost context, is an
+// error (matching ErrContextLost). It allocates nothing.
 func (e *Event) Query() (done bool, err error) {
 	if err := e.live(); err != nil {
 		return false, err

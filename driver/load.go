@@ -30,6 +30,9 @@ const (
 	FeatureVMM                      // cuMemCreate and friends: PhysicalAlloc, Map (CUDA 10.2)
 	FeatureGraphs                   // stream capture and graph launch (CUDA 11.4)
 	FeatureParamInfo                // cuFuncGetParamInfo: launch arguments checked against the kernel (CUDA 12.4)
+	// cuPointerGetAttributes: Context.PointerInfo in one call (CUDA 7.0); without it,
+	// PointerInfo makes one cuPointerGetAttribute call per attribute.
+	FeaturePointerAttributes
 )
 
 // String returns the feature's name.
@@ -43,6 +46,8 @@ func (f Feature) String() string {
 		return "graphs"
 	case FeatureParamInfo:
 		return "kernel parameter info"
+	case FeaturePointerAttributes:
+		return "pointer attributes in one call"
 	}
 	return "Feature(" + strconv.Itoa(int(f)) + ")"
 }

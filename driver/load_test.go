@@ -80,7 +80,7 @@ func TestSymbolTable(t *testing.T) {
 			assert.NotZero(t, s.since, "%s: optional symbols record their driver version", s.name)
 		}
 	}
-	for _, f := range []Feature{FeatureLaunchEx, FeatureVMM, FeatureGraphs, FeatureParamInfo} {
+	for _, f := range []Feature{FeatureLaunchEx, FeatureVMM, FeatureGraphs, FeatureParamInfo, FeaturePointerAttributes} {
 		n := 0
 		for _, s := range symbolTable {
 			if s.optional && s.feature == f {
@@ -127,7 +127,7 @@ func TestSymbolsResolve(t *testing.T) {
 	}
 	t.Logf("%d symbols, optional ones missing here: %v", len(infos), missing)
 
-	for _, f := range []Feature{FeatureLaunchEx, FeatureVMM, FeatureGraphs, FeatureParamInfo} {
+	for _, f := range []Feature{FeatureLaunchEx, FeatureVMM, FeatureGraphs, FeatureParamInfo, FeaturePointerAttributes} {
 		err := need(f)
 		assert.Equal(t, err == nil, Has(f), "%v", f)
 		if err != nil {

@@ -16,7 +16,7 @@ var (
 	cuDeviceGetUuid_v2, cuDeviceTotalMem_v2, cuDeviceCanAccessPeer                            uintptr
 
 	cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease_v2, cuCtxSetCurrent, cuCtxSynchronize uintptr
-	cuCtxGetCurrent                                                                           uintptr
+	cuCtxGetCurrent, cuCtxGetDevice                                                           uintptr
 	cuCtxEnablePeerAccess, cuMemGetInfo_v2                                                    uintptr
 
 	cuMemAlloc_v2, cuMemFree_v2, cuMemHostAlloc, cuMemFreeHost, cuMemHostGetDevicePointer_v2 uintptr
@@ -26,6 +26,7 @@ var (
 	cuMemsetD8_v2, cuMemsetD32_v2, cuMemsetD8Async, cuMemsetD32Async                         uintptr
 
 	cuStreamCreate, cuStreamDestroy_v2, cuStreamSynchronize, cuStreamQuery, cuStreamWaitEvent uintptr
+	cuStreamGetCtx                                                                            uintptr
 	cuEventCreate, cuEventRecord, cuEventSynchronize, cuEventQuery, cuEventElapsedTime        uintptr
 	cuEventDestroy_v2                                                                         uintptr
 
@@ -35,11 +36,12 @@ var (
 	cuIpcGetMemHandle, cuIpcOpenMemHandle_v2, cuIpcCloseMemHandle uintptr
 
 	// Optional.
-	cuLaunchKernelEx, cuFuncGetParamInfo                                           uintptr
+	cuLaunchKernelEx, cuFuncGetParamInfo, cuPointerGetAttributes                   uintptr
 	cuMemGetAllocationGranularity, cuMemCreate, cuMemRelease                       uintptr
 	cuMemExportToShareableHandle, cuMemImportFromShareableHandle                   uintptr
 	cuMemAddressReserve, cuMemAddressFree, cuMemMap, cuMemUnmap, cuMemSetAccess    uintptr
 	cuStreamBeginCapture_v2, cuStreamEndCapture, cuStreamIsCapturing               uintptr
+	cuThreadExchangeStreamCaptureMode                                              uintptr
 	cuGraphInstantiateWithFlags, cuGraphLaunch, cuGraphExecDestroy, cuGraphDestroy uintptr
 )
 
@@ -93,6 +95,8 @@ var symbolTable = []symbol{
 	req("cuCtxSetCurrent", &cuCtxSetCurrent),
 	// CUresult cuCtxGetCurrent(CUcontext *pctx);
 	req("cuCtxGetCurrent", &cuCtxGetCurrent),
+	// CUresult cuCtxGetDevice(CUdevice *device);
+	req("cuCtxGetDevice", &cuCtxGetDevice),
 	// CUresult cuCtxSynchronize(void);
 	req("cuCtxSynchronize", &cuCtxSynchronize),
 	// CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags);
@@ -143,6 +147,8 @@ var symbolTable = []symbol{
 	req("cuStreamQuery", &cuStreamQuery),
 	// CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags);
 	req("cuStreamWaitEvent", &cuStreamWaitEvent),
+	// CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx);
+	req("cuStreamGetCtx", &cuStreamGetCtx),
 	// CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags);
 	req("cuEventCreate", &cuEventCreate),
 	// CUresult cuEventRecord(CUevent hEvent, CUstream hStream);
@@ -186,6 +192,9 @@ var symbolTable = []symbol{
 	opt("cuLaunchKernelEx", &cuLaunchKernelEx, FeatureLaunchEx, 11080),
 	// CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset, size_t *paramSize);
 	opt("cuFuncGetParamInfo", &cuFuncGetParamInfo, FeatureParamInfo, 12040),
+	// CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes,
+	//                                 void **data, CUdeviceptr ptr);
+	opt("cuPointerGetAttributes", &cuPointerGetAttributes, FeaturePointerAttributes, 7000),
 
 	// CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
 	//                                        CUmemAllocationGranularity_flags option);
@@ -220,6 +229,8 @@ var symbolTable = []symbol{
 	opt("cuStreamEndCapture", &cuStreamEndCapture, FeatureGraphs, 10000),
 	// CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus);
 	opt("cuStreamIsCapturing", &cuStreamIsCapturing, FeatureGraphs, 10000),
+	// CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
+	opt("cuThreadExchangeStreamCaptureMode", &cuThreadExchangeStreamCaptureMode, FeatureGraphs, 10010),
 	// CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags);
 	opt("cuGraphInstantiateWithFlags", &cuGraphInstantiateWithFlags, FeatureGraphs, 11040),
 	// CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream);

@@ -37,9 +37,37 @@ _Static_assert(sizeof(CUlaunchConfig) == 56, "CUlaunchConfig size");
 //   11 param 0 (u32), 12 param 1 (u64), 13..14 param 2 (16 bytes), 15 param 3 (u64)
 //   16 numAttrs, 17 attrs[0].id, 18 attrs[0].value.programmaticStreamSerializationAllowed
 //   20..27 IPC handle words, 28 IPC flags
-static uint64_t rec[32];
+//   30 stream given to cuStreamGetCtx, 31 context current at cuCtxGetDevice
+//   32 cuStreamDestroy_v2 calls, 33 the stream it last destroyed
+//   34 cuStreamCreate calls, 35 its flags, 36 context current at it
+//   37 stream given to cuStreamQuery, 38 context current at it, 39 capture mode at it
+//   40 cuThreadExchangeStreamCaptureMode calls
+//   41 event and 42 stream given to cuEventRecord, 43 context current at it
+//   44 cuPointerGetAttributes calls, 45 numAttributes, 46..51 attributes, 52 pointer,
+//   53 context current at it, 54 cuPointerGetAttribute calls, 55 cuCtxSetCurrent calls
+//   56 cuDevicePrimaryCtxRelease_v2 calls, 57 its device
+static uint64_t rec[64];
+
+// The context current on the calling thread, and the thread's stream capture mode
+// (CU_STREAM_CAPTURE_MODE_GLOBAL = 0 at first, as in the driver).
+static __thread void *current;
+static __thread int capture_mode;
+
+// A CUresult that every context-bound call returns, as after a kernel fault; 0 for none.
+static int sticky;
 
 uint64_t fake_get(int i) { return rec[i]; }
+
+void fake_reset(void) {
+    memset(rec, 0, sizeof rec);
+    current = NULL;
+    capture_mode = 0;
+    sticky = 0;
+}
+
+void fake_set_sticky(int code) { sticky = code; }
+
+int fake_capture_mode(void) { return capture_mode; }
 
 int fake_ok(void) { return 0; }
 
@@ -47,7 +75,200 @@ int fake_not_ready(void) { return 600; } // CUDA_ERROR_NOT_READY, for cuStreamQu
 
 int cuCtxSetCurrent(void *ctx) {
     rec[0] = (uint64_t)(uintptr_t)ctx;
+    rec[55]++;
+    current = ctx;
     return 0;
+}
+
+int cuDevicePrimaryCtxRelease_v2(int dev) {
+    rec[56]++;
+    rec[57] = (uint64_t)dev;
+    return 0;
+}
+
+int cuCtxGetCurrent(void **pctx) {
+    *pctx = current;
+    return 0;
+}
+
+// The fake's contexts: 0xc0 on device 0, 0xc1 on device 1, 0xc7 (a foreign one) on device 3.
+int cuCtxGetDevice(int *dev) {
+    rec[31] = (uint64_t)(uintptr_t)current;
+    switch ((uintptr_t)current) {
+    case 0:
+        return 201; // CUDA_ERROR_INVALID_CONTEXT: none current
+    case 0xc1:
+        *dev = 1;
+        return 0;
+    case 0xc7:
+        *dev = 3;
+        return 0;
+    }
+    *dev = 0;
+    return 0;
+}
+
+// Streams 0x5e (the tests' own) and 0xf5 belong to context 0xc7; 0xdead is no stream.
+int cuStreamGetCtx(void *stream, void **pctx) {
+    rec[30] = (uint64_t)(uintptr_t)stream;
+    if (stream == (void *)0xdead) {
+        return 400; // CUDA_ERROR_INVALID_HANDLE
+    }
+    *pctx = (void *)0xc7;
+    return 0;
+}
+
+int cuStreamCreate(void **ps, unsigned int flags) {
+    rec[34]++;
+    rec[35] = flags;
+    rec[36] = (uint64_t)(uintptr_t)current;
+    if (sticky) {
+        return sticky;
+    }
+    *ps = (void *)(uintptr_t)(0x5000 + rec[34]);
+    return 0;
+}
+
+int cuStreamDestroy_v2(void *s) {
+    rec[32]++;
+    rec[33] = (uint64_t)(uintptr_t)s;
+    return sticky;
+}
+
+int cuStreamQuery(void *s) {
+    rec[37] = (uint64_t)(uintptr_t)s;
+    rec[38] = (uint64_t)(uintptr_t)current;
+    rec[39] = (uint64_t)capture_mode;
+    return sticky;
+}
+
+int cuThreadExchangeStreamCaptureMode(int *mode) {
+    rec[40]++;
+    int old = capture_mode;
+    capture_mode = *mode;
+    *mode = old;
+    return 0;
+}
+
+int cuEventCreate(void **pe, unsigned int flags) {
+    (void)flags;
+    if (sticky) {
+        return sticky;
+    }
+    *pe = (void *)0xe1;
+    return 0;
+}
+
+int cuEventRecord(void *e, void *s) {
+    rec[41] = (uint64_t)(uintptr_t)e;
+    rec[42] = (uint64_t)(uintptr_t)s;
+    rec[43] = (uint64_t)(uintptr_t)current;
+    return sticky;
+}
+
+// The fake's memory: what cuPointerGetAttribute(s) report for addresses inside each range.
+struct fake_alloc {
+    uint64_t base, size;
+    unsigned int type; // CUmemorytype
+    int ordinal;
+    uintptr_t ctx;
+    int managed;
+};
+
+static const struct fake_alloc fake_allocs[] = {
+    {0x10000000, 0x100000, 2, 0, 0xc0, 0}, // device memory of context 0xc0
+    {0x20000000, 0x1000, 1, 0, 0xc0, 0},   // pinned host memory
+    {0x30000000, 0x200000, 2, 0, 0, 0},    // VMM: no context
+    {0x40000000, 0x1000, 2, 1, 0xc1, 0},   // device 1
+    {0x50000000, 0x1000, 2, 0, 0xc0, 1},   // managed
+    {0x60000000, 0x1000, 2, 3, 0xc7, 0},   // the foreign context's
+};
+
+static const struct fake_alloc *fake_find(uint64_t p) {
+    for (size_t i = 0; i < sizeof fake_allocs / sizeof fake_allocs[0]; i++) {
+        if (p >= fake_allocs[i].base && p - fake_allocs[i].base < fake_allocs[i].size) {
+            return &fake_allocs[i];
+        }
+    }
+    return NULL;
+}
+
+// Writes attribute attr of a into data with the width cuda.h gives it; 801 for others.
+static int fake_attr(const struct fake_alloc *a, int attr, void *data) {
+    switch (attr) {
+    case 1: // CONTEXT
+        *(void **)data = (void *)a->ctx;
+        return 0;
+    case 2: // MEMORY_TYPE
+        *(unsigned int *)data = a->type;
+        return 0;
+    case 8: // IS_MANAGED: a bool
+        *(unsigned char *)data = (unsigned char)a->managed;
+        return 0;
+    case 9: // DEVICE_ORDINAL
+        *(int *)data = a->ordinal;
+        return 0;
+    case 11: // RANGE_START_ADDR
+        *(uint64_t *)data = a->base;
+        return 0;
+    case 12: // RANGE_SIZE
+        *(size_t *)data = a->size;
+        return 0;
+    }
+    return 801;
+}
+
+// As the driver: an unknown address is success with nothing written (the caller's zeroes
+// stay). 0x1 is refused outright, as a driver may.
+int cuPointerGetAttributes(unsigned int n, int *attrs, void **data, unsigned long long p) {
+    rec[44]++;
+    rec[45] = n;
+    for (unsigned int i = 0; i < n && i < 6; i++) {
+        rec[46 + i] = (uint64_t)attrs[i];
+    }
+    rec[52] = p;
+    rec[53] = (uint64_t)(uintptr_t)current;
+    if (sticky) {
+        return sticky;
+    }
+    if (p == 0x1) {
+        return 1; // CUDA_ERROR_INVALID_VALUE
+    }
+    for (unsigned int i = 0; i < n; i++) {
+        for (unsigned int j = 0; j < i; j++) {
+            if (data[i] == data[j]) {
+                return 1; // two attributes written to one place
+            }
+        }
+    }
+    const struct fake_alloc *a = fake_find(p);
+    if (a == NULL) {
+        return 0;
+    }
+    for (unsigned int i = 0; i < n; i++) {
+        int r = fake_attr(a, attrs[i], data[i]);
+        if (r != 0) {
+            return r;
+        }
+    }
+    return 0;
+}
+
+// As the driver: an unknown address is CUDA_ERROR_INVALID_VALUE; VMM memory has no context
+// to report.
+int cuPointerGetAttribute(void *data, int attr, unsigned long long p) {
+    rec[54]++;
+    if (sticky) {
+        return sticky;
+    }
+    const struct fake_alloc *a = fake_find(p);
+    if (a == NULL) {
+        return 1;
+    }
+    if (attr == 1 && a->ctx == 0) {
+        return 1;
+    }
+    return fake_attr(a, attr, data);
 }
 
 // Reads the parameter list the tests pack: u32, u64, 16 bytes, u64.
@@ -71,7 +292,7 @@ int cuLaunchKernel(void *f, unsigned int gx, unsigned int gy, unsigned int gz, u
     rec[9] = (uint64_t)(uintptr_t)stream;
     rec[10] = (uint64_t)(uintptr_t)extra;
     record_params(params);
-    return f == (void *)0xbad ? 701 : 0; // CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES on request
+    return f == (void *)0xbad ? 701 : sticky; // CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES on request
 }
 
 int cuLaunchKernelEx(const CUlaunchConfig *c, void *f, void **params, void **extra) {
