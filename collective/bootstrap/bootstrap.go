@@ -42,10 +42,51 @@ type Bootstrap interface {
 	Close() error
 }
 
+// Limits of every Bootstrap of this package. They bound what a peer can make a rank allocate
+// and keep a corrupt or hostile stream from exhausting memory or descriptors.
+const (
+	// MaxRanks is the largest group a bootstrap forms. (A communicator runs at most 16 ranks
+	// over its own kernels; the bootstrap also serves larger groups, as for NCCL.)
+	MaxRanks = 1024
+	// MaxBlob is the largest blob one rank may pass to AllGather.
+	MaxBlob = 16 << 20
+	// MaxGather is the largest sum of all ranks' blobs in one AllGather over sockets: rank 0
+	// holds all of them at once and sends them to every rank.
+	MaxGather = 256 << 20
+	// MaxFDs is the most descriptors one AllGatherFDs may hand a rank: its own count times
+	// the number of other ranks.
+	MaxFDs = 4096
+)
+
+// Options tunes how rank 0 of NewUnixWith and NewTCP admits connections. The zero value
+// gives the defaults.
+type Options struct {
+	// HandshakeTimeout bounds each connection's handshake on rank 0, from its accept to its
+	// proof of the token (default DefaultHandshakeTimeout, and never past the context's
+	// deadline). A connection that takes longer is dropped; the group goes on waiting for
+	// its ranks.
+	HandshakeTimeout time.Duration
+	// MaxPending bounds the connections whose handshake runs at once (default
+	// DefaultMaxPending); further connections wait in the listener's backlog.
+	MaxPending int
+}
+
+// checkArgs checks one call's own arguments against the limits, before anything is sent.
+func checkArgs(size int, blob []byte, fds []int) error {
+	switch {
+	case len(blob) > MaxBlob:
+		return fmt.Errorf("AllGather blob of %d bytes is larger than MaxBlob (%d): exchange less at once", len(blob), MaxBlob)
+	case uint64(len(fds))*uint64(size-1) > MaxFDs:
+		return fmt.Errorf("AllGatherFDs of %d fds per rank hands each of %d ranks %d, more than MaxFDs (%d)",
+			len(fds), size, uint64(len(fds))*uint64(size-1), MaxFDs)
+	}
+	return checkFDs(fds)
+}
+
 var (
 	// ErrFDPassingUnsupported is wrapped by AllGatherFDs of a Bootstrap that cannot move file
 	// descriptors between its ranks (for example one built on a network key-value store).
-	// Both bootstraps of this package support it; a communicator that gets this error uses
+	// NewInProcess and NewUnix support it, NewTCP does not; a communicator that gets this error uses
 	// legacy CUDA IPC handles instead of VMM file descriptors.
 	ErrFDPassingUnsupported = errors.New("file descriptor passing not supported by this bootstrap")
 	// ErrMismatch means the ranks made different calls: another kind of call, another number of
@@ -54,8 +95,10 @@ var (
 	// ErrPeerLost means another rank went away: its process exited, it closed its Bootstrap,
 	// or it failed.
 	ErrPeerLost = errors.New("a rank left the bootstrap")
-	// ErrHandshake means a process that connected to rank 0 was refused: a duplicate rank,
-	// another group size, another protocol version, or not a goccl bootstrap at all.
+	// ErrHandshake means joining failed: rank 0 refused a rank that proved the job token but
+	// does not fit (a duplicate rank, another group size), or a rank refused the process it
+	// reached as rank 0 (another user, a wrong or missing job token, another protocol
+	// version, or not a goccl bootstrap at all).
 	ErrHandshake = errors.New("bootstrap handshake refused")
 	// ErrClosed means the Bootstrap was used after (or during) Close.
 	ErrClosed = errors.New("bootstrap closed")
@@ -71,6 +114,8 @@ const (
 	kindHello
 	kindWelcome
 	kindAbort
+	kindChallenge
+	kindProof
 )
 
 func (k kind) String() string {
@@ -87,6 +132,10 @@ func (k kind) String() string {
 		return "welcome"
 	case kindAbort:
 		return "abort"
+	case kindChallenge:
+		return "challenge"
+	case kindProof:
+		return "proof"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }

@@ -16,8 +16,11 @@ import (
 // A failure of one rank (a timeout, a mismatched call, Close) fails the waiting calls of all
 // the others at once, with the cause.
 func NewInProcess(size int) ([]Bootstrap, error) {
-	if size < 1 {
+	switch {
+	case size < 1:
 		return nil, fmt.Errorf("bootstrap: in-process group of %d ranks: need at least 1", size)
+	case size > MaxRanks:
+		return nil, fmt.Errorf("bootstrap: in-process group of %d ranks is larger than the %d a bootstrap forms", size, MaxRanks)
 	}
 	g := &group{size: size, rounds: make(map[uint64]*round), failed: make(chan struct{})}
 	boots := make([]Bootstrap, size)
@@ -173,6 +176,11 @@ func (b *inProcess) exchange(ctx context.Context, k kind, blob []byte, fds []int
 	if err := ctx.Err(); err != nil {
 		// Depositing nothing: the call fails for every rank, as it would over a socket.
 		g.failLocked(fmt.Errorf("rank %d: context ended before the call: %w", b.rank, err))
+		g.mu.Unlock()
+		return nil, callError(b.rank, k, seq, g.cause)
+	}
+	if err := checkArgs(g.size, blob, fds); err != nil {
+		g.failLocked(fmt.Errorf("rank %d: %w", b.rank, err))
 		g.mu.Unlock()
 		return nil, callError(b.rank, k, seq, g.cause)
 	}

@@ -102,7 +102,7 @@ func TestSocketPathNotReplaced(t *testing.T) {
 		require.NoError(t, err)
 		defer ln.Close()
 		_, err = NewUnix(ctx, path, 0, 2)
-		require.ErrorContains(t, err, "another process listens")
+		require.ErrorContains(t, err, "listens on "+path)
 		fi, err := os.Lstat(path)
 		require.NoError(t, err)
 		assert.Equal(t, fs.ModeSocket, fi.Mode().Type())
@@ -151,66 +151,37 @@ func TestJoinTimeout(t *testing.T) {
 	assert.NoFileExists(t, path)
 }
 
-// TestHandshakeRefused starts rank 0 of a 2-rank group and lets misconfigured processes join.
+// TestHandshakeRefused starts rank 0 of a 2-rank group and lets processes join that prove
+// the token (here: none, on both sides) but do not fit: the group fails at once, on both sides.
 func TestHandshakeRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	rawHello := func(h hello) func(path string) error {
-		return func(path string) error {
-			c, err := dialRetry(ctx, path)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			return writeFrame(c, frame{kind: kindHello, payload: h.encode()})
-		}
-	}
 	for _, tc := range []struct {
-		name  string
-		join  func(path string) error // the misconfigured process
-		want  string
-		joinE string // what the misconfigured process gets, if it is a bootstrap
+		name       string
+		rank, size int // what the misconfigured process claims
+		want       string
+		joinE      string // what the misconfigured process gets
 	}{
-		{
-			name:  "wrong size",
-			join:  func(path string) error { _, err := NewUnix(ctx, path, 1, 3); return err },
-			want:  "rank 1 was told the group has 3 ranks, rank 0 was told 2",
-			joinE: "was told the group has 3 ranks",
-		},
-		{name: "unknown rank", join: rawHello(hello{protoVersion, 7, 2}), want: "claims rank 7"},
-		{name: "rank 0 twice", join: rawHello(hello{protoVersion, 0, 2}), want: "claims rank 0"},
-		{name: "other version", join: rawHello(hello{99, 1, 2}), want: "protocol version 99"},
-		{
-			name: "not a bootstrap",
-			join: func(path string) error {
-				c, err := dialRetry(ctx, path)
-				if err != nil {
-					return err
-				}
-				defer c.Close()
-				_, err = c.Write([]byte("GET / HTTP/1.1\r\nHost: localhost\r\n\r\n"))
-				return err
-			},
-			want: "not a goccl bootstrap peer",
-		},
+		{"wrong size", 1, 3, "rank 1 was told the group has 3 ranks, rank 0 was told 2", "was told the group has 3 ranks"},
+		{"unknown rank", 7, 2, "claims rank 7", "claims rank 7"},
+		{"rank 0 twice", 0, 2, "claims rank 0", "claims rank 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := socketPath(t)
 			start := time.Now()
 			errs := eachRank(2, func(r int) error {
 				if r == 0 {
-					_, err := NewUnix(ctx, path, 0, 2)
+					_, err := NewUnixWith(ctx, path, 0, 2, "", Options{})
 					return err
 				}
-				return tc.join(path)
+				_, err := rawJoin(ctx, path, "", tc.rank, tc.size)
+				return err
 			})
 			assert.Less(t, time.Since(start), 5*time.Second, "a refused handshake must fail at once")
 			require.ErrorIs(t, errs[0], ErrHandshake)
 			assert.ErrorContains(t, errs[0], tc.want)
-			if tc.joinE != "" {
-				require.ErrorIs(t, errs[1], ErrHandshake)
-				assert.ErrorContains(t, errs[1], tc.joinE)
-			}
+			require.ErrorIs(t, errs[1], ErrHandshake)
+			assert.ErrorContains(t, errs[1], tc.joinE)
 		})
 	}
 }
