@@ -648,8 +648,16 @@ func TestGPUVMMTwoProcesses(t *testing.T) {
 }
 
 // runChild is the second process of the two-process tests: it prints "sha256=<hex>" of what
-// it reads and writes a pattern into the second half of the buffer.
+// it reads and writes a pattern into the second half of the buffer. Role "fault" is
+// TestGPUContextLost's child instead (childFault).
 func runChild(role string) error {
+	if role == "fault" {
+		c, err := PrimaryContext(0)
+		if err != nil {
+			return err
+		}
+		return childFault(c) // the context is lost: nothing to release
+	}
 	size, err := strconv.ParseUint(os.Getenv("GOCCL_TEST_SIZE"), 10, 64)
 	if err != nil {
 		return fmt.Errorf("GOCCL_TEST_SIZE: %w", err)
