@@ -34,11 +34,30 @@
 // Compare with errors.Is against the Err* sentinels. A PTX module the JIT rejects returns a
 // *JITError with the compiler's log.
 //
+// # Lost contexts
+//
+// A kernel fault (illegal address, device-side assert, ...) kills the CUDA context: every
+// later call on it fails with the same code, and errors.Is(err, ErrContextLost) tells such
+// errors apart from those that leave the context usable. Context.Health asks for that state
+// without waiting for queued work. Only a new process can use the GPU again.
+//
 // # Hot path
 //
-// Launch, LaunchEx, the *Async copies and memsets, Event.Record, Stream.WaitEvent and
-// GraphExec.Launch make no Go allocation per call: arguments travel through
-// purego.SyscallN, and kernel arguments and launch structures live in a reusable Args.
+// Launch, LaunchEx, the *Async copies and memsets, Event.Record, Stream.WaitEvent,
+// GraphExec.Launch, the Query methods, Context.PointerInfo and Context.Health make no Go
+// allocation per successful call: arguments travel through purego.SyscallN, and kernel
+// arguments and launch structures live in a reusable Args.
+//
+// # Working with other CUDA code
+//
+// Streams and contexts made elsewhere (cgo code, another binding, a CUDA library) are wrapped
+// without being owned: WrapStream takes a CUstream, WrapContext a CUcontext, CurrentContext
+// the context current on the calling thread. A wrapped object works like one of this package
+// for every method, but Close only forgets it; its owner destroys it, after the last use of
+// the wrapper. Stream.Handle and Context.Handle hand this package's objects to others, which
+// must not destroy them. Context.PointerInfo tells what memory an address is (device, host,
+// which device, which allocation, this context's or not) in one driver call, and
+// ErrNotDeviceMemory when the driver knows no allocation there.
 //
 // # Ownership
 //
@@ -46,6 +65,8 @@
 // Event.Close, Module.Close (which invalidates its Functions), Free for Alloc,
 // HostBuffer.Close, IPCCloseMemHandle for IPCOpenMemHandle, Unmap, FreeAddress and
 // PhysicalAlloc.Release for VMM memory, Graph.Close and GraphExec.Close. Closing twice is a
-// no-op; using a closed object is an error, not a crash. A Device is a plain number. The file
-// descriptor from PhysicalAlloc.ExportFD belongs to the caller.
+// no-op; using a closed object is an error, not a crash. Closing a foreign Context releases
+// only what this package made in it (the stream of Health); closing a wrapped Stream only
+// forgets it. A Device is a plain number. The file descriptor from PhysicalAlloc.ExportFD
+// belongs to the caller.
 package driver
