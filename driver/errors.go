@@ -198,7 +198,8 @@ type Error struct {
 	Message string // cuGetErrorString, e.g. "out of memory"
 }
 
-// Error formats e as "cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY (2): out of memory".
+// Error formats e as "cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY (2): out of memory", followed
+// by what to do for a code that matches ErrContextLost.
 func (e *Error) Error() string {
 	name := e.Name
 	if name == "" {
@@ -208,8 +209,14 @@ func (e *Error) Error() string {
 	if e.Message != "" {
 		s += ": " + e.Message
 	}
+	if contextLost(e.Code) {
+		s += lostHint
+	}
 	return s
 }
+
+// lostHint ends the message of every error that matches ErrContextLost.
+const lostHint = " (the CUDA context is lost: every later call on it fails; restart the process to use the GPU again)"
 
 // Is reports whether target is the sentinel of e's code (see the Err* variables), or
 // ErrContextLost for a code that leaves the context unusable.

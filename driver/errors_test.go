@@ -19,6 +19,10 @@ func TestErrorFormat(t *testing.T) {
 	e = &Error{Op: "cuInit", Code: 100}
 	assert.Equal(t, "cuInit: CUDA_ERROR_NO_DEVICE (100)", e.Error())
 
+	e = &Error{Op: "cuStreamSynchronize", Code: 700, Name: "CUDA_ERROR_ILLEGAL_ADDRESS", Message: "an illegal memory access was encountered"}
+	assert.Equal(t, "cuStreamSynchronize: CUDA_ERROR_ILLEGAL_ADDRESS (700): an illegal memory access was encountered"+
+		" (the CUDA context is lost: every later call on it fails; restart the process to use the GPU again)", e.Error())
+
 	assert.Equal(t, "CUresult(4242)", Result(4242).String())
 	assert.Equal(t, "CUDA_ERROR_INVALID_PTX", Result(218).Error())
 }

@@ -32,6 +32,9 @@ func (c *Context) Health() error {
 	}
 	c.health.Lock()
 	defer c.health.Unlock()
+	if c.closed.Load() { // closed while this call waited: no new stream in a closed context
+		return errContextClosed()
+	}
 	runtime.LockOSThread()
 	r, failed := c.healthQuery()
 	runtime.UnlockOSThread()

@@ -71,8 +71,14 @@ func TestWrapStream(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, done)
 	assert.Equal(t, []uint64{0xf5, 0xc7}, []uint64{fakeRecord(t, sym, 37), fakeRecord(t, sym, 38)})
-	_, _, f := fakeHandles()
-	require.NoError(t, Launch(s, f, &LaunchConfig{Grid: [3]uint32{1, 1, 1}, Block: [3]uint32{32, 1, 1}}, nil))
+	_, _, f := fakeHandles() // a kernel of context 0xc0
+	cfg := &LaunchConfig{Grid: [3]uint32{1, 1, 1}, Block: [3]uint32{32, 1, 1}}
+	err = Launch(s, f, cfg, nil)
+	require.ErrorIs(t, err, ErrInvalidValue)
+	assert.ErrorContains(t, err, "load the module in the stream's context")
+	assert.Zero(t, fakeRecord(t, sym, 9), "the refused launch never reached the driver")
+	f.mod.ctx = &Context{handle: 0xc7, dev: 3, foreign: true} // another wrapper of the stream's context
+	require.NoError(t, Launch(s, f, cfg, nil))
 	assert.Equal(t, uint64(0xf5), fakeRecord(t, sym, 9), "launched on the wrapped stream")
 
 	// An event of the stream's context records on it; one of another context is refused

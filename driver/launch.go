@@ -179,6 +179,10 @@ func checkLaunch(s *Stream, f *Function, cfg *LaunchConfig, args *Args) error {
 	if f == nil || f.handle == 0 || f.mod.handle == 0 {
 		return errClosed("kernel (or its module)")
 	}
+	if f.mod.ctx.handle != s.ctx.handle {
+		return fmt.Errorf("launch %s: its module is loaded in CUDA context %#x (device %d), the stream belongs to %#x (device %d): load the module in the stream's context (Stream.Context): %w",
+			f.name, f.mod.ctx.handle, f.mod.ctx.dev, s.ctx.handle, s.ctx.dev, ErrInvalidValue)
+	}
 	if cfg == nil {
 		return fmt.Errorf("launch %s: nil LaunchConfig: %w", f.name, ErrInvalidValue)
 	}
