@@ -343,10 +343,11 @@ func (e *gpuEngine) timeEager(ctx context.Context, algo collective.Algorithm, c 
 // process of a real job would) and times the replay of every rank's graph on its own stream;
 // the slowest rank's mean is the result.
 //
-// One graph with an event fork from a main stream to every rank and a join back per
-// all-reduce (issue 3's harness) is not used here: with 8 virtual ranks the graph executor
-// did not run the ranks' kernels of one layer at once, and the barrier waited for kernels
-// that were queued behind it (seen on an H200, 2026-12-02).
+// One graph for all ranks, with an event fork to every rank's stream and a join back around
+// each all-reduce (the fork/join harness of collective's BenchmarkAllReduceForkJoin), is not
+// used here: the graph executor does not promise to run the ranks' kernels of one all-reduce
+// at once, and with virtual ranks a barrier then waits for a peer's kernel queued behind it
+// until the watchdog fires. One graph per rank is also what the processes of a real job run.
 func (e *gpuEngine) timeGraph(ctx context.Context, algo collective.Algorithm, c Case, count int) (time.Duration, error) {
 	defer func() {
 		for _, r := range e.ranks {
