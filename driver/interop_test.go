@@ -23,7 +23,8 @@ func fakeCall(t *testing.T, sym func(string) uintptr, name string, args ...uintp
 	return r
 }
 
-// fakeCurrent returns the fake's context current on the calling thread (which the caller locked).
+// fakeCurrent returns the fake's context current on the calling thread, which the caller
+// locked.
 func fakeCurrent(t *testing.T, sym func(string) uintptr) uintptr {
 	t.Helper()
 	var h uintptr

@@ -40,9 +40,11 @@ const (
 )
 
 // WrapStream wraps a CUstream created elsewhere: by cgo code, another binding, or a CUDA
-// library (a torch.cuda.Stream, a stream of a C++ inference engine). It finds the stream's context
-// with cuStreamGetCtx and that context's device with cuCtxGetDevice; the stream's Context is
-// a foreign Context (see WrapContext).
+// library (a torch.cuda.Stream, a stream of a C++ inference engine). It finds the stream's
+// context with cuStreamGetCtx and that context's device with cuCtxGetDevice; the stream's
+// Context is a foreign Context made for it (see WrapContext), which works for allocations,
+// modules and events like any other. Closing that Context releases only what this package
+// made in the context (the stream of Context.Health) and leaves the stream usable.
 //
 // The Stream is not owned: Close only forgets it and never destroys it, and the stream must
 // outlive every use of the wrapper. Default streams (0, CU_STREAM_LEGACY = 1,
