@@ -37,12 +37,16 @@ func (t MemoryType) String() string {
 // PointerInfo describes the allocation that contains an address, for checking arguments
 // before a kernel reads or writes them.
 type PointerInfo struct {
-	Type    MemoryType // where the memory lives
-	Device  Device     // the device it was allocated on or registered with (DEVICE_ORDINAL)
-	Managed bool       // managed memory (cuMemAllocManaged), which migrates between host and devices
+	Type MemoryType // where the memory lives
+	// Device is the device the memory was allocated on or registered with (DEVICE_ORDINAL).
+	Device  Device
+	Managed bool // managed memory (cuMemAllocManaged), which migrates between host and devices
 	// Base and Size are the allocation's address range (RANGE_START_ADDR, RANGE_SIZE): the
 	// cuMemAlloc allocation, or for VMM memory the whole reservation of cuMemAddressReserve,
 	// mapped or not.
+	//
+	// The driver reports every field for device memory. For other kinds of memory it may
+	// refuse some; those stay zero, and Device -1.
 	Base DevicePtr
 	Size uint64
 	// InContext: the memory belongs to the context PointerInfo was called on. VMM and
@@ -105,13 +109,20 @@ func (c *Context) PointerInfo(p DevicePtr) (PointerInfo, error) {
 	if err != nil {
 		return PointerInfo{}, err
 	}
-	if r != 0 {
+	switch {
+	case r == 1 && failed == cuPointerGetAttributes:
+		// One answer for all six: an unknown address, or an attribute that the driver does
+		// not report for this kind of memory. One call per attribute tells them apart.
+		return c.pointerInfoSingly(p)
+	case r != 0:
 		return PointerInfo{}, pointerError(p, failed, newError(failed, r))
 	}
 	return c.pointerInfo(p, vals)
 }
 
-// pointerInfoSingly is PointerInfo with one cuPointerGetAttribute call per attribute.
+// pointerInfoSingly is PointerInfo with one cuPointerGetAttribute call per attribute. The
+// first, MEMORY_TYPE, fails for an unknown address; once it succeeded the driver knows the
+// memory, and an attribute it refuses for that kind of memory keeps its "not reported" value.
 func (c *Context) pointerInfoSingly(p DevicePtr) (PointerInfo, error) {
 	var vals [len(pointerAttrs)]uint64
 	for i, a := range pointerAttrs {
@@ -123,14 +134,18 @@ func (c *Context) pointerInfoSingly(p DevicePtr) (PointerInfo, error) {
 		switch {
 		case !ok || e.Op != symbolName(cuPointerGetAttribute):
 			return PointerInfo{}, err // not the query: the context could not be made current
-		case a == pointerContext && (e.Code == 1 || e.Code == 801):
-			vals[i] = 0 // memory of no context (VMM, stream-ordered) where the driver refuses the question
+		case i > 0 && (e.Code == 1 || e.Code == 801):
+			vals[i] = 0
+			if a == pointerDeviceOrdinal {
+				vals[i] = uint64(^uint32(0)) // the int -1: no device named
+			}
 			continue
 		}
 		return PointerInfo{}, pointerError(p, cuPointerGetAttribute, e)
 	}
 	return c.pointerInfo(p, vals)
 }
+
 
 // pointerError is the error of a failed pointer query: unknown addresses give
 // CUDA_ERROR_INVALID_VALUE (or INVALID_CONTEXT: no context with unified addressing knows it),

@@ -173,11 +173,13 @@ struct fake_alloc {
     int ordinal;
     uintptr_t ctx;
     int managed;
+    int norange; // RANGE_START_ADDR and RANGE_SIZE refused, as a driver may for host memory
 };
 
 static const struct fake_alloc fake_allocs[] = {
     {0x10000000, 0x100000, 2, 0, 0xc0, 0}, // device memory of context 0xc0
     {0x20000000, 0x1000, 1, 0, 0xc0, 0},   // pinned host memory
+    {0x21000000, 0x1000, 1, 1, 0xc0, 0, 1}, // host memory without a range
     {0x30000000, 0x200000, 2, 0, 0, 0},    // VMM: no context
     {0x40000000, 0x1000, 2, 1, 0xc1, 0},   // device 1
     {0x50000000, 0x1000, 2, 0, 0xc0, 1},   // managed
@@ -195,6 +197,9 @@ static const struct fake_alloc *fake_find(uint64_t p) {
 
 // Writes attribute attr of a into data with the width cuda.h gives it; 801 for others.
 static int fake_attr(const struct fake_alloc *a, int attr, void *data) {
+    if (a->norange && (attr == 11 || attr == 12)) {
+        return 1; // CUDA_ERROR_INVALID_VALUE
+    }
     switch (attr) {
     case 1: // CONTEXT
         *(void **)data = (void *)a->ctx;
