@@ -146,7 +146,6 @@ func (c *Context) pointerInfoSingly(p DevicePtr) (PointerInfo, error) {
 	return c.pointerInfo(p, vals)
 }
 
-
 // pointerError is the error of a failed pointer query: unknown addresses give
 // CUDA_ERROR_INVALID_VALUE (or INVALID_CONTEXT: no context with unified addressing knows it),
 // which wraps ErrNotDeviceMemory too.
