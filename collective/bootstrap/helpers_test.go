@@ -3,6 +3,7 @@ package bootstrap
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -73,12 +74,25 @@ func exerciseRank(ctx context.Context, b Bootstrap, nfds int) error {
 			return fmt.Errorf("rank %d: AllGather: rank %d's blob is %d bytes (nil: %v), want %d bytes", me, r, len(got), got == nil, len(want))
 		}
 	}
+	if !passesFDs(b) {
+		// Fails at once on every rank, and the group goes on.
+		if _, err := b.AllGatherFDs(ctx, nil); !errors.Is(err, ErrFDPassingUnsupported) {
+			return fmt.Errorf("rank %d: AllGatherFDs over TCP: got %v, want ErrFDPassingUnsupported", me, err)
+		}
+		return b.Barrier(ctx)
+	}
 	for _, n := range []int{1, nfds} {
 		if err := exchangeMemfds(ctx, b, n); err != nil {
 			return err
 		}
 	}
 	return b.Barrier(ctx)
+}
+
+// passesFDs says whether b can move descriptors (NewTCP's cannot).
+func passesFDs(b Bootstrap) bool {
+	s, ok := b.(*star)
+	return !ok || s.fdPassing
 }
 
 // exchangeMemfds passes n memfds per rank and reads every other rank's through what arrived.
@@ -180,6 +194,24 @@ func unixGroup(t *testing.T, size int) []Bootstrap {
 	return boots
 }
 
+// tcpGroup joins size ranks over TCP on loopback, each rank a goroutine of this process.
+func tcpGroup(t *testing.T, size int) []Bootstrap {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	token := testToken()
+	boots := make([]Bootstrap, size)
+	errs := eachRank(size, func(r int) (err error) {
+		boots[r], err = NewTCP(ctx, r, size, addr, token, Options{})
+		return err
+	})
+	t.Cleanup(func() { closeAll(boots) })
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	return boots
+}
+
 func closeAll(boots []Bootstrap) {
 	for _, b := range boots {
 		if b != nil {
@@ -191,7 +223,9 @@ func closeAll(boots []Bootstrap) {
 var groupMakers = []struct {
 	name string
 	make groupMaker
+	fds  bool // passes file descriptors
 }{
-	{"InProcess", inProcessGroup},
-	{"Unix", unixGroup},
+	{"InProcess", inProcessGroup, true},
+	{"Unix", unixGroup, true},
+	{"TCP", tcpGroup, false},
 }

@@ -28,28 +28,38 @@ const (
 	envRank     = "GOCCL_BOOTSTRAP_TEST_RANK"
 	envSize     = "GOCCL_BOOTSTRAP_TEST_SIZE"
 	envTimeout  = "GOCCL_BOOTSTRAP_TEST_TIMEOUT"
-	resultTag   = "RESULT "
+	// envTransport is "tcp" for NewTCP at envPath (host:port), else NewUnix at envPath.
+	envTransport = "GOCCL_BOOTSTRAP_TEST_TRANSPORT"
+	resultTag    = "RESULT "
 	// diesExit is the exit code of the rank that dies on purpose in the "dies" scenario.
 	diesExit = 3
 )
 
 // outcome is what a rank reports.
 type outcome struct {
-	Rank     int
-	Err      string
-	Deadline bool // errors.Is(err, context.DeadlineExceeded)
-	PeerLost bool
-	Mismatch bool
-	Elapsed  time.Duration
+	Rank      int
+	Err       string
+	Deadline  bool // errors.Is(err, context.DeadlineExceeded)
+	PeerLost  bool
+	Mismatch  bool
+	Handshake bool
+	Elapsed   time.Duration
 }
 
 // playRank is one rank of a scenario, in whichever process it runs.
-func playRank(scenario, path string, rank, size int, timeout time.Duration) outcome {
+// Every rank takes the job token from the environment (TokenEnv), as under a launcher.
+func playRank(transport, scenario, path string, rank, size int, timeout time.Duration) outcome {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	err := func() error {
-		b, err := NewUnix(ctx, path, rank, size)
+		var b Bootstrap
+		var err error
+		if transport == "tcp" {
+			b, err = NewTCP(ctx, rank, size, path, os.Getenv(TokenEnv), Options{})
+		} else {
+			b, err = NewUnix(ctx, path, rank, size)
+		}
 		if err != nil {
 			return err
 		}
@@ -83,6 +93,7 @@ func playRank(scenario, path string, rank, size int, timeout time.Duration) outc
 		o.Deadline = errors.Is(err, context.DeadlineExceeded)
 		o.PeerLost = errors.Is(err, ErrPeerLost)
 		o.Mismatch = errors.Is(err, ErrMismatch)
+		o.Handshake = errors.Is(err, ErrHandshake)
 	}
 	return o
 }
@@ -96,7 +107,7 @@ func TestHelperProcess(t *testing.T) {
 	size, err2 := strconv.Atoi(os.Getenv(envSize))
 	timeout, err3 := time.ParseDuration(os.Getenv(envTimeout))
 	require.NoError(t, errors.Join(err1, err2, err3))
-	o := playRank(scenario, os.Getenv(envPath), rank, size, timeout)
+	o := playRank(os.Getenv(envTransport), scenario, os.Getenv(envPath), rank, size, timeout)
 	line, err := json.Marshal(o)
 	require.NoError(t, err)
 	fmt.Printf("%s%s\n", resultTag, line)
@@ -110,16 +121,20 @@ type child struct {
 	stderr bytes.Buffer
 }
 
-func startChild(t *testing.T, scenario, path string, rank, size int, timeout time.Duration) *child {
+func startChild(t *testing.T, run scenarioRun, scenario, path string, rank, size int, timeout time.Duration) *child {
 	c := &child{rank: rank}
 	c.cmd = exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1", "-test.timeout=60s")
 	c.cmd.Env = append(os.Environ(),
+		envTransport+"="+run.transport,
 		envScenario+"="+scenario,
 		envPath+"="+path,
 		envRank+"="+strconv.Itoa(rank),
 		envSize+"="+strconv.Itoa(size),
 		envTimeout+"="+timeout.String(),
 	)
+	if token, ok := run.tokens[rank]; ok {
+		c.cmd.Env = append(c.cmd.Env, TokenEnv+"="+token) // the last one counts
+	}
 	c.cmd.Stdout, c.cmd.Stderr = &c.stdout, &c.stderr
 	require.NoError(t, c.cmd.Start())
 	t.Cleanup(func() {
@@ -159,20 +174,39 @@ func (c *child) wait(t *testing.T, want int) outcome {
 	return o
 }
 
+// scenarioRun says how a scenario runs.
+type scenarioRun struct {
+	transport string      // "tcp" or "" for a Unix socket
+	exits     map[int]int // exit codes other than 0, by rank
+	absent    []int       // ranks never started
+	tokens    map[int]string
+}
+
 // runScenario plays rank 0 here and ranks 1..size-1 (except those in absent) in child
-// processes. It returns every rank's outcome by rank; a dead or absent rank's is zero.
+// processes, over a Unix socket. It returns every rank's outcome by rank; a dead or absent
+// rank's is zero.
 func runScenario(t *testing.T, scenario string, size int, timeout time.Duration, exits map[int]int, absent ...int) []outcome {
+	return runScenarioWith(t, scenarioRun{exits: exits, absent: absent}, scenario, size, timeout)
+}
+
+// runScenarioWith is runScenario as run says. Every rank gets one job token through the
+// environment, except the ranks given their own in run.tokens.
+func runScenarioWith(t *testing.T, run scenarioRun, scenario string, size int, timeout time.Duration) []outcome {
+	t.Setenv(TokenEnv, testToken())
 	path := socketPath(t)
+	if run.transport == "tcp" {
+		path = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	}
 	children := make(map[int]*child)
 	for r := 1; r < size; r++ {
-		if !slices.Contains(absent, r) {
-			children[r] = startChild(t, scenario, path, r, size, timeout)
+		if !slices.Contains(run.absent, r) {
+			children[r] = startChild(t, run, scenario, path, r, size, timeout)
 		}
 	}
 	outcomes := make([]outcome, size)
-	outcomes[0] = playRank(scenario, path, 0, size, timeout)
+	outcomes[0] = playRank(run.transport, scenario, path, 0, size, timeout)
 	for r, c := range children {
-		outcomes[r] = c.wait(t, exits[r])
+		outcomes[r] = c.wait(t, run.exits[r])
 	}
 	for _, o := range outcomes {
 		t.Logf("rank %d after %v: %s", o.Rank, o.Elapsed.Round(time.Millisecond), o.Err)
@@ -211,5 +245,51 @@ func TestProcessesMismatch(t *testing.T) {
 	for _, o := range out {
 		assert.True(t, o.Mismatch, "rank %d: want ErrMismatch, got %q", o.Rank, o.Err)
 		assert.Contains(t, o.Err, "rank 2 called Barrier #1 where rank 0 called AllGather #1", "rank %d", o.Rank)
+	}
+}
+
+func TestTCPProcessesExchange(t *testing.T) {
+	for _, o := range runScenarioWith(t, scenarioRun{transport: "tcp"}, "exchange", 4, 20*time.Second) {
+		assert.Empty(t, o.Err, "rank %d", o.Rank)
+	}
+}
+
+func TestTCPProcessNeverJoins(t *testing.T) {
+	const timeout = time.Second
+	out := runScenarioWith(t, scenarioRun{transport: "tcp", absent: []int{3}}, "join", 4, timeout)
+	for _, o := range out[:3] {
+		assert.True(t, o.Deadline, "rank %d: want a timeout error, got %q", o.Rank, o.Err)
+		assert.Less(t, o.Elapsed, timeout+slack, "rank %d", o.Rank)
+	}
+	assert.Contains(t, out[0].Err, "ranks [3] to join")
+}
+
+// A process with another token cannot join; rank 0 names what it refused once the group
+// gives up waiting for that rank.
+func TestTCPTokenMismatch(t *testing.T) {
+	const timeout = 2 * time.Second
+	out := runScenarioWith(t, scenarioRun{transport: "tcp", tokens: map[int]string{2: testToken()}}, "join", 3, timeout)
+	assert.True(t, out[2].Handshake, "rank 2: want ErrHandshake, got %q", out[2].Err)
+	assert.Contains(t, out[2].Err, "did not prove that it knows this rank's job token")
+	for _, o := range out[:2] {
+		assert.True(t, o.Deadline, "rank %d: want a timeout error, got %q", o.Rank, o.Err)
+	}
+	assert.Contains(t, out[0].Err, "ranks [2] to join; refused 1 connection(s): 127.0.0.1:")
+}
+
+func TestTCPProcessesMismatch(t *testing.T) {
+	out := runScenarioWith(t, scenarioRun{transport: "tcp"}, "mismatch", 3, 20*time.Second)
+	for _, o := range out {
+		assert.True(t, o.Mismatch, "rank %d: want ErrMismatch, got %q", o.Rank, o.Err)
+	}
+}
+
+func TestTCPProcessDies(t *testing.T) {
+	out := runScenarioWith(t, scenarioRun{transport: "tcp", exits: map[int]int{2: diesExit}}, "dies", 4, 20*time.Second)
+	for _, r := range []int{0, 1, 3} {
+		o := out[r]
+		assert.True(t, o.PeerLost, "rank %d: want ErrPeerLost, got %q", r, o.Err)
+		assert.Contains(t, o.Err, "rank 2 closed its connection", "rank %d", r)
+		assert.Less(t, o.Elapsed, 10*time.Second, "rank %d waited for its deadline instead of noticing the death", r)
 	}
 }
