@@ -366,3 +366,51 @@ func childFault(c *Context) error {
 	}
 	return nil
 }
+
+// TestGPUHealthDuringCapture calls Health from another goroutine while a stream of the same
+// context captures in CaptureGlobal mode, the mode that forbids unsafe calls on every thread:
+// Health neither fails nor breaks the capture, also when its first call creates its stream.
+func TestGPUHealthDuringCapture(t *testing.T) {
+	c := requireGPU(t)
+	require.True(t, Has(FeatureGraphs), "%v", need(FeatureGraphs))
+	m := loadModule(t, c, "goccl_test", testPTX)
+	empty := kernel(t, m, "goccl_test_empty")
+	require.NoError(t, c.Health(), "creates Health's stream before any capture")
+
+	// capture runs health on another goroutine in the middle of a global capture and returns
+	// its error and the capture's.
+	capture := func(t *testing.T, health func() error) (healthErr, captureErr error) {
+		s := newStream(t, c)
+		require.NoError(t, s.BeginCapture(CaptureGlobal))
+		require.NoError(t, Launch(s, empty, grid(1, 32), nil))
+		errc := make(chan error, 1)
+		go func() { errc <- health() }()
+		healthErr = <-errc
+		_ = Launch(s, empty, grid(1, 32), nil) // fails if the capture broke; EndCapture says so
+		g, captureErr := s.EndCapture()
+		if g != nil {
+			assert.NoError(t, g.Close())
+		}
+		return healthErr, captureErr
+	}
+
+	t.Run("stream exists", func(t *testing.T) {
+		healthErr, captureErr := capture(t, c.Health)
+		require.NoError(t, healthErr)
+		require.NoError(t, captureErr)
+	})
+	t.Run("first call", func(t *testing.T) {
+		w, err := WrapContext(c.Handle())
+		require.NoError(t, err)
+		defer func() { assert.NoError(t, w.Close()) }()
+		healthErr, captureErr := capture(t, w.Health)
+		require.NoError(t, healthErr)
+		require.NoError(t, captureErr)
+	})
+	t.Run("without relaxing the capture mode", func(t *testing.T) {
+		// What the exchange of capture modes protects against, for the record.
+		swapSymbol(t, &cuThreadExchangeStreamCaptureMode, 0)
+		healthErr, captureErr := capture(t, c.Health)
+		t.Logf("Health in the thread's own capture mode: %v; the capture: %v", healthErr, captureErr)
+	})
+}
