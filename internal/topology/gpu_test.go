@@ -5,26 +5,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"regexp"
 	"testing"
 	"time"
 
 	"github.com/goccl/goccl/driver"
+	"github.com/goccl/goccl/internal/gputest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-// requireGPU skips without a usable GPU, or fails where GOCCL_REQUIRE_GPU=1.
-func requireGPU(t *testing.T) {
-	t.Helper()
-	if err := driver.Init(); err != nil {
-		if os.Getenv("GOCCL_REQUIRE_GPU") == "1" {
-			t.Fatalf("GOCCL_REQUIRE_GPU=1 but the CUDA driver is not usable: %v", err)
-		}
-		t.Skipf("no usable GPU: %v", err)
-	}
-}
+// requireGPU skips without a usable GPU (see internal/gputest).
+func requireGPU(t *testing.T) { gputest.Require(t) }
 
 // TestGPUDiscover prints the facts (compare the purego and the goccl_nvml_cgo build's
 // output: they must be equal) and checks every GPU with itself for real.
