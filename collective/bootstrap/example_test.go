@@ -2,8 +2,10 @@ package bootstrap_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -13,19 +15,21 @@ import (
 )
 
 // Two processes, rank 0 and rank 1, trade their IPC handles. Each would run joinAndShare with
-// its own rank (from its command line); here two goroutines stand in for them.
-func ExampleNewUnix() {
-	dir, err := os.MkdirTemp("", "goccl-example")
+// its own rank (from its command line) and the job's token (from its launcher, which makes a
+// fresh random one per job, usually through $GOCCL_JOB_TOKEN); here two goroutines stand in
+// for them. Only a process that knows the token can join, or pass as rank 0.
+func ExampleNewUnixWith() {
+	dir, err := bootstrap.SocketDir() // private to this user
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer os.RemoveAll(dir)
-	path := filepath.Join(dir, "job.sock") // every rank must be given the same path
+	path := filepath.Join(dir, fmt.Sprintf("example-%d.sock", os.Getpid())) // the same for every rank
+	token := "a per-job secret, the same for every rank"
 
 	joinAndShare := func(rank int) ([][]byte, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		b, err := bootstrap.NewUnix(ctx, path, rank, 2)
+		b, err := bootstrap.NewUnixWith(ctx, path, rank, 2, token, bootstrap.Options{})
 		if err != nil {
 			return nil, err
 		}
@@ -114,4 +118,39 @@ func passNote(ctx context.Context, b bootstrap.Bootstrap) (string, error) {
 	note := make([]byte, 64)
 	n, err := r.Read(note)
 	return string(note[:n]), err
+}
+
+// Ranks on several machines meet over TCP: rank 0 listens at an address of its own machine,
+// the others dial it. The token is mandatory. Here both ranks run on loopback.
+func ExampleNewTCP() {
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // find a free port for the example
+	if err != nil {
+		log.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	token := "at least 16 bytes of secret, shared by every rank"
+
+	var wg sync.WaitGroup
+	for rank := range 2 {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			b, err := bootstrap.NewTCP(ctx, rank, 2, addr, token, bootstrap.Options{})
+			if err != nil {
+				log.Fatal(err)
+			}
+			defer b.Close()
+			if err := b.Barrier(ctx); err != nil {
+				log.Fatal(err)
+			}
+			_, err = b.AllGatherFDs(ctx, nil)
+			if rank == 0 {
+				fmt.Println("descriptors over TCP:", errors.Is(err, bootstrap.ErrFDPassingUnsupported))
+			}
+		})
+	}
+	wg.Wait()
+	// Output:
+	// descriptors over TCP: true
 }
