@@ -10,13 +10,21 @@ import (
 )
 
 // AllReduce sums count elements of type dt over all ranks: when it completes on stream, dst
-// on every rank holds the same sum, bitwise. dst == src is an in-place all-reduce. Every rank
-// must call it with the same count and dt, in the same order as its other collective calls.
+// on every rank holds the same sum, bitwise. dst == src is an in-place all-reduce; buffers that
+// overlap otherwise are refused. Every rank must call it with the same count and dt, in the
+// same order as its other collective calls: a kernel that sees a peer make a different call
+// records a KernelError matching ErrCallMismatch.
+//
+// Any count of at least one element is accepted, up to Options.MaxBytes. src and dst must be
+// 16-byte aligned device memory of this rank's device (checked once per allocation with the
+// driver: a host pointer, a freed allocation or another device's memory is refused before
+// anything is launched). The kernels read whole 16-byte vectors, so up to 14 bytes after the
+// last element of src are read (never written); they lie inside the same aligned vector, and
+// so inside the allocation's last page.
 //
 // It only enqueues work on stream (a copy and a kernel) and returns; the stream must belong
-// to this rank's device. Invalid arguments are reported before anything is launched. A peer
-// that does not arrive makes the kernel give up after Options.Timeout; that error is reported
-// by Err and by every later call.
+// to this rank's device. A peer that does not arrive makes the kernel give up after
+// Options.Timeout; that error is reported by Err and by every later call.
 //
 // Inputs: Push reads src directly. OneShot and TwoShot need src to be visible to the peers:
 // a src registered with Register is read in place (OneShot: if dst does not overlap it;
@@ -33,8 +41,8 @@ func (c *Comm) AllReduce(stream *driver.Stream, dst, src driver.DevicePtr, count
 }
 
 // AllReduceWith is AllReduce with the algorithm chosen by the caller for this call (Auto:
-// the selection table). Every rank must pass the same algorithm. Benchmarks and tests use it
-// to run each algorithm on one communicator.
+// the selection table). Every rank must pass the same algorithm. It exists for benchmarks
+// and tests that run each algorithm on one communicator; services use AllReduce.
 func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, count int, dt DType, algo Algorithm) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -59,7 +67,9 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 	default:
 		return invalid("unknown algorithm %v", algo)
 	}
-	nvec := int(nbytes / ptx.VectorBytes)
+	// Whole vectors; the last one may be partly the message's (p_tail bytes of it).
+	nvec := int((nbytes + ptx.VectorBytes - 1) / ptx.VectorBytes)
+	tail := uint32(nbytes - int64(nvec-1)*ptx.VectorBytes)
 
 	var inputs, outputs driver.DevicePtr
 	var buf *[8 * ptx.MaxRanks]byte
@@ -98,6 +108,8 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 		flags |= ptx.FlagEarlyTrigger
 	}
 	a.U32(flags)
+	a.U32(tail)
+	a.U64(ptx.Call{Op: ptx.OpAllReduce, Algo: algo, DType: dt, Count: uint64(count)}.Fingerprint())
 	c.cfg = driver.LaunchConfig{Grid: [3]uint32{uint32(blocks), 1, 1}, Block: [3]uint32{uint32(threads), 1, 1}}
 	fn := c.kernels.fn[c.scope][algo][dt]
 	if c.pdl {
@@ -106,9 +118,25 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 		err = driver.Launch(stream, fn, &c.cfg, a)
 	}
 	if err != nil {
-		return fmt.Errorf("collective: rank %d: launch %s: %w", c.rank, fn.Name(), err)
+		return c.fail(fmt.Errorf("collective: rank %d: launch %s: %w", c.rank, fn.Name(), err))
+	}
+	if c.capture == nil {
+		if err := c.noteWork(stream); err != nil {
+			return c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
+		}
 	}
 	return nil
+}
+
+// noteWork lets Close wait for the call just enqueued on stream, unless the stream is being
+// captured into the caller's own graph: that work runs when the graph does, outside this
+// communicator's sight (see Graph.Exec).
+func (c *Comm) noteWork(stream *driver.Stream) error {
+	capturing, err := stream.IsCapturing()
+	if err != nil || capturing {
+		return err
+	}
+	return c.work.note(stream)
 }
 
 // Selected returns the algorithm that AllReduce picks for a message of nbytes: the forced
@@ -131,9 +159,9 @@ func (c *Comm) selected(nbytes int64, sharedOutput bool) Algorithm {
 // sharedOutput reports whether a pull kernel could write into the peers' dst of this call:
 // dst is registered (with room for nbytes; reg is its registration), or the call is being
 // captured (Capture exchanges the outputs afterwards).
-func (c *Comm) sharedOutput(dst driver.DevicePtr, nbytes uint64) (reg registration, ok bool) {
+func (c *Comm) sharedOutput(dst driver.DevicePtr, nbytes uint64) (reg *Registration, ok bool) {
 	if c.capture != nil {
-		return registration{}, true
+		return nil, true
 	}
 	reg, ok = c.registered[dst]
 	return reg, ok && nbytes <= reg.bytes
@@ -141,7 +169,7 @@ func (c *Comm) sharedOutput(dst driver.DevicePtr, nbytes uint64) (reg registrati
 
 // pullOutput returns the registration slot through which the direct TwoShot finds every
 // rank's dst; reg is what sharedOutput returned.
-func (c *Comm) pullOutput(dst driver.DevicePtr, nbytes uint64, reg registration) (driver.DevicePtr, error) {
+func (c *Comm) pullOutput(dst driver.DevicePtr, nbytes uint64, reg *Registration) (driver.DevicePtr, error) {
 	if c.capture != nil {
 		return c.capture.share(c, dst, nbytes)
 	}
@@ -156,9 +184,14 @@ func (c *Comm) pullInput(stream *driver.Stream, algo Algorithm, dst, src driver.
 	if reg, ok := c.registered[src]; ok && nbytes <= reg.bytes && readsInPlace(algo, dst, src, nbytes) {
 		return c.table.addr(reg.slot), nil
 	}
+	return c.stage(stream, src, nbytes)
+}
+
+// stage copies src into this rank's staging buffer, which every peer reads through slot 0.
+func (c *Comm) stage(stream *driver.Stream, src driver.DevicePtr, nbytes uint64) (driver.DevicePtr, error) {
 	staging := c.peers[c.rank].Ptr() + driver.DevicePtr(c.layout.staging)
 	if err := stream.CopyDtoDAsync(staging, src, nbytes); err != nil {
-		return 0, fmt.Errorf("collective: rank %d: copy input to staging: %w", c.rank, err)
+		return 0, c.fail(fmt.Errorf("collective: rank %d: copy input to staging: %w", c.rank, err))
 	}
 	return c.table.addr(0), nil
 }
@@ -173,37 +206,9 @@ func readsInPlace(algo Algorithm, dst, src driver.DevicePtr, nbytes uint64) bool
 	return !overlap(dst, src, nbytes) || (algo == TwoShot && dst == src)
 }
 
-func overlap(a, b driver.DevicePtr, n uint64) bool {
-	return a < b+driver.DevicePtr(n) && b < a+driver.DevicePtr(n)
-}
-
-// validate checks a call's arguments and returns its size in bytes.
-func (c *Comm) validate(stream *driver.Stream, dst, src driver.DevicePtr, count int, dt DType) (int64, error) {
-	if !dt.Valid() {
-		return 0, invalid("unsupported element type %v: use Float32, Float16 or BFloat16", dt)
-	}
-	if count <= 0 {
-		return 0, invalid("count %d: must be positive", count)
-	}
-	nbytes := int64(count) * int64(dt.Size())
-	switch {
-	case nbytes%ptx.VectorBytes != 0:
-		return 0, invalid("%d elements of %v are %d bytes: the size must be a multiple of 16 bytes", count, dt, nbytes)
-	case nbytes > c.opts.MaxBytes:
-		return 0, invalid("%d bytes is more than MaxBytes (%d): raise Options.MaxBytes or hand this size to NCCL", nbytes, c.opts.MaxBytes)
-	case src == 0 || dst == 0:
-		return 0, invalid("nil buffer (src %#x, dst %#x)", uint64(src), uint64(dst))
-	case src%ptx.VectorBytes != 0 || dst%ptx.VectorBytes != 0:
-		return 0, invalid("buffers must be 16-byte aligned (src %#x, dst %#x)", uint64(src), uint64(dst))
-	case stream == nil:
-		return 0, invalid("nil stream")
-	case stream.Context().Device() != c.dev:
-		return 0, invalid("stream belongs to device %d, this rank runs on device %d", stream.Context().Device(), c.dev)
-	}
-	return nbytes, nil
-}
-
-// usable returns the error that stops this communicator from taking more work, if any.
+// usable returns the error that stops this communicator from taking more work, if any. It
+// costs no driver call: the error record is host memory, and a CUDA error that leaves the
+// context unusable surfaces in the next driver call (launch, copy), where fail keeps it.
 func (c *Comm) usable() error {
 	if c.closed {
 		return ErrClosed
@@ -215,16 +220,28 @@ func (c *Comm) usable() error {
 }
 
 // Err reports an asynchronous error of this rank: a kernel that timed out waiting for a peer
-// (errors.Is ErrTimeout) or found an unfilled registration slot (ErrUnfilledSlot). It does
-// not wait for the stream; call it after synchronising to know that the work finished well.
-// Once it returns an error, the communicator is unusable.
+// (errors.Is ErrTimeout), found an unfilled registration slot (ErrUnfilledSlot) or saw a peer
+// make a different call (ErrCallMismatch), all as a *KernelError; or a CUDA error that left
+// the context unusable, such as a kernel fault (errors.Is driver.ErrContextLost). Every such
+// error also matches ErrUnusable, and every later call returns it. Err does not wait for the
+// stream; call it after synchronising to know that the work finished well. After Close it
+// returns the failure that came first, else ErrClosed.
 func (c *Comm) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.failed != nil {
+		return c.failed
+	}
 	if c.closed {
 		return ErrClosed
 	}
-	return c.usable()
+	if err := c.usable(); err != nil {
+		return err
+	}
+	if err := c.ctx.Health(); err != nil {
+		return c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
+	}
+	return nil
 }
 
 // kernelError reads the error record that the kernels write on failure (host-mapped memory:
@@ -235,10 +252,13 @@ func (c *Comm) kernelError() error {
 	if code == 0 {
 		return nil
 	}
-	// The winner writes five words right after its compare-and-swap: a millisecond is ample.
-	for deadline := time.Now().Add(time.Millisecond); c.errWord(5) == 0 && time.Now().Before(deadline); {
+	// The winner writes its words right after its compare-and-swap: a few milliseconds are
+	// ample even while the GPU is busy.
+	for deadline := time.Now().Add(100 * time.Millisecond); c.errWord(5) == 0 && time.Now().Before(deadline); {
 		runtime.Gosched()
 	}
-	return &KernelError{Code: code, Rank: int(c.errWord(1)), Block: int(c.errWord(2)),
-		Peer: int(c.errWord(3)), Phase: c.errWord(4), SharedGPU: c.sharedGPU}
+	word64 := func(i int) uint64 { return uint64(c.errWord(i)) | uint64(c.errWord(i+1))<<32 }
+	return &KernelError{Code: ErrorCode(code), Rank: int(c.errWord(1)), Block: int(c.errWord(2)),
+		Peer: int(c.errWord(3)), Phase: Phase(c.errWord(4)),
+		Mine: ptx.DecodeCall(word64(6)), Theirs: ptx.DecodeCall(word64(8)), SharedGPU: c.sharedGPU}
 }

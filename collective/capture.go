@@ -2,6 +2,7 @@ package collective
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -12,11 +13,18 @@ import (
 // captured. Their peers' pointers are not known during capture (a rank cannot talk to its
 // peers from inside a stream capture), so each shared buffer (an input read in place, or an
 // output the direct TwoShot writes into) gets an empty registration slot that Capture fills
-// once every rank has finished capturing.
+// once every rank has finished capturing. A buffer used by several calls of one capture (a
+// serving engine reuses one buffer in every layer) has one slot.
 type captureState struct {
+	index map[driver.DevicePtr]int // buffer -> its position in bufs
+	bufs  []driver.DevicePtr
+	sizes []uint64 // the largest use of each buffer
 	slots []int
-	ptrs  []driver.DevicePtr
-	sizes []uint64
+	uses  []uint32 // per shared use, in call order: its buffer's position
+}
+
+func newCaptureState() *captureState {
+	return &captureState{index: map[driver.DevicePtr]int{}}
 }
 
 // record returns the input slot of one captured all-reduce.
@@ -24,26 +32,101 @@ func (cs *captureState) record(c *Comm, stream *driver.Stream, algo Algorithm, d
 	if !readsInPlace(algo, dst, src, nbytes) {
 		// In place: peers must not read a buffer this rank overwrites, so the graph copies
 		// the input into the staging buffer, as an eager call does.
-		staging := c.peers[c.rank].Ptr() + driver.DevicePtr(c.layout.staging)
-		if err := stream.CopyDtoDAsync(staging, src, nbytes); err != nil {
-			return 0, fmt.Errorf("collective: rank %d: copy input to staging: %w", c.rank, err)
-		}
-		return c.table.addr(0), nil
+		return c.stage(stream, src, nbytes)
 	}
 	return cs.share(c, src, nbytes)
 }
 
-// share reserves a slot for a buffer of one captured all-reduce, to be filled with every
-// rank's counterpart after capture, and returns the slot's address.
+// share returns the slot through which the peers' counterparts of ptr are found, reserving it
+// at the buffer's first use in this capture.
 func (cs *captureState) share(c *Comm, ptr driver.DevicePtr, nbytes uint64) (driver.DevicePtr, error) {
-	slot, err := c.table.reserve()
-	if err != nil {
-		return 0, err
+	i, ok := cs.index[ptr]
+	if !ok {
+		slot, err := c.table.reserve()
+		if err != nil {
+			return 0, err
+		}
+		i = len(cs.bufs)
+		cs.index[ptr] = i
+		cs.bufs = append(cs.bufs, ptr)
+		cs.sizes = append(cs.sizes, nbytes)
+		cs.slots = append(cs.slots, slot)
 	}
-	cs.slots = append(cs.slots, slot)
-	cs.ptrs = append(cs.ptrs, ptr)
-	cs.sizes = append(cs.sizes, nbytes)
-	return c.table.addr(slot), nil
+	cs.sizes[i] = max(cs.sizes[i], nbytes)
+	cs.uses = append(cs.uses, uint32(i))
+	return c.table.addr(cs.slots[i]), nil
+}
+
+// pattern encodes which captured calls share a buffer: it must be the same on every rank.
+func (cs *captureState) pattern() []byte {
+	b := make([]byte, 4*len(cs.uses))
+	for i, u := range cs.uses {
+		binary.LittleEndian.PutUint32(b[4*i:], u)
+	}
+	return b
+}
+
+// Graph is a CUDA graph of all-reduces recorded by Capture. It holds registration slots and
+// the mappings of the peers' captured buffers until Close. Launch it with Launch (which lets
+// Close wait for its runs); Exec gives the executable for embedding into a larger graph.
+type Graph struct {
+	c     *Comm
+	exec  *driver.GraphExec
+	slots []int
+	keys  []ipcKey
+	done  bool // closed, or its communicator closed
+}
+
+// Exec returns the instantiated CUDA graph. A caller that launches it other than through
+// Launch (as a child graph, say) must make sure those runs are complete before Close.
+func (g *Graph) Exec() *driver.GraphExec { return g.exec }
+
+// Launch replays the graph on stream. Every rank replays its own graph of the same capture,
+// in the same order as its other calls of the communicator.
+func (g *Graph) Launch(stream *driver.Stream) error {
+	c := g.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if g.done {
+		return fmt.Errorf("%w: launch of a closed graph", ErrClosed)
+	}
+	if err := c.usable(); err != nil {
+		return err
+	}
+	if err := g.exec.Launch(stream); err != nil {
+		return c.fail(fmt.Errorf("collective: rank %d: launch graph: %w", c.rank, err))
+	}
+	if err := c.work.note(stream); err != nil {
+		return c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
+	}
+	return nil
+}
+
+// Close waits for this communicator's queued work (bounded like Comm.Close), gives back the
+// graph's registration slots and peer mappings, and destroys the executable. After the
+// communicator's Close it only destroys the executable. Closing twice does nothing.
+func (g *Graph) Close() error {
+	c := g.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if g.exec == nil {
+		return nil
+	}
+	var errs []error
+	if !g.done {
+		if err := c.drain(); err != nil {
+			return fmt.Errorf("collective: rank %d: close graph: %w", c.rank, err)
+		}
+		errs = append(errs, c.table.release(g.slots...), c.unopen(g.keys))
+		delete(c.graphs, g)
+		g.done = true
+	}
+	errs = append(errs, g.exec.Close())
+	g.exec = nil
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("collective: rank %d: close graph: %w", c.rank, err)
+	}
+	return nil
 }
 
 // Capture records the all-reduces that fn issues on stream (and on streams forked from it)
@@ -51,10 +134,12 @@ func (cs *captureState) share(c *Comm, ptr driver.DevicePtr, nbytes uint64) (dri
 // It is a collective call: every rank captures the same sequence of all-reduces (ranks of one
 // process call Capture from separate goroutines), and afterwards the ranks exchange their
 // input buffers (and the TwoShot outputs, which it writes into directly), so those buffers
-// must stay allocated while the graph is in use. Ranks that
-// recorded different numbers of all-reduces get an error, never a graph that reads wrong
-// memory. ctx bounds the exchange. The caller owns the returned graph (Close it).
-func (c *Comm) Capture(ctx context.Context, stream *driver.Stream, fn func() error) (*driver.GraphExec, error) {
+// must stay allocated while the graph is in use. Ranks that recorded different numbers of
+// all-reduces, or that share buffers between calls in different ways, get an error, never a
+// graph that reads wrong memory; a rank whose capture failed makes every rank fail at once
+// (*RefusedError names it). ctx bounds the exchange. The caller owns the returned graph:
+// Close it to give its registration slots back.
+func (c *Comm) Capture(ctx context.Context, stream *driver.Stream, fn func() error) (*Graph, error) {
 	c.mu.Lock()
 	if err := c.usable(); err != nil {
 		c.mu.Unlock()
@@ -64,7 +149,7 @@ func (c *Comm) Capture(ctx context.Context, stream *driver.Stream, fn func() err
 		c.mu.Unlock()
 		return nil, invalid("rank %d is already capturing", c.rank)
 	}
-	cs := &captureState{}
+	cs := newCaptureState()
 	c.capture = cs
 	c.mu.Unlock()
 
@@ -82,12 +167,12 @@ func (c *Comm) Capture(ctx context.Context, stream *driver.Stream, fn func() err
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.capture = nil
-	if captureErr != nil {
-		// Still take part in the exchange, with nothing: the peers then fail with a count
-		// mismatch at once instead of waiting for this rank until ctx ends.
-		cs = &captureState{}
+	if captureErr == nil && c.closed {
+		captureErr = ErrClosed
 	}
-	ptrs, err := c.exchange(ctx, cs.ptrs, cs.sizes)
+	// A failed capture still takes part in the exchange, with its failure: the peers then
+	// fail at once instead of waiting for this rank until ctx ends.
+	ptrs, keys, err := c.exchange(ctx, cs.bufs, cs.sizes, cs.pattern(), captureErr)
 	if err == nil {
 		for i, slot := range cs.slots {
 			if err = c.table.write(slot, ptrs[i]); err != nil {
@@ -95,16 +180,20 @@ func (c *Comm) Capture(ctx context.Context, stream *driver.Stream, fn func() err
 			}
 		}
 	}
-	if err := errors.Join(captureErr, err); err != nil {
-		if graph != nil {
-			graph.Close()
+	var exec *driver.GraphExec
+	if err == nil {
+		if exec, err = graph.Instantiate(); err != nil {
+			err = fmt.Errorf("instantiate captured graph: %w", err)
 		}
-		return nil, fmt.Errorf("collective: rank %d: capture: %w", c.rank, err)
 	}
-	exec, err := graph.Instantiate()
-	graph.Close()
+	if graph != nil {
+		graph.Close()
+	}
 	if err != nil {
-		return nil, fmt.Errorf("collective: rank %d: instantiate captured graph: %w", c.rank, err)
+		return nil, errors.Join(fmt.Errorf("collective: rank %d: capture: %w", c.rank, err),
+			c.table.release(cs.slots...), c.unopen(keys))
 	}
-	return exec, nil
+	g := &Graph{c: c, exec: exec, slots: cs.slots, keys: keys}
+	c.graphs[g] = struct{}{}
+	return g, nil
 }

@@ -1,7 +1,6 @@
 package collective
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/goccl/goccl/collective/bootstrap"
 	"github.com/goccl/goccl/driver"
-	"github.com/goccl/goccl/internal/topology"
 	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/ptx"
 	"golang.org/x/sys/unix"
@@ -43,11 +41,11 @@ type Comm struct {
 
 	layout  arenaLayout
 	arena   *memory.Buffer
-	peers   []*memory.Mapping          // every rank's arena in this process (own: local)
-	peerCtx []*driver.Context          // primary contexts retained for peer access (other devices)
-	errRec  *driver.HostBuffer         // the kernels' error record, readable without a sync
-	table   *slotTable                 // registration table
-	opened  map[ipcKey]*memory.Mapping // peers' user buffers opened through IPC
+	peers   []*memory.Mapping        // every rank's arena in this process (own: local)
+	peerCtx []*driver.Context        // primary contexts retained for peer access (other devices)
+	errRec  *driver.HostBuffer       // the kernels' error record, readable without a sync
+	table   *slotTable               // registration table
+	opened  map[ipcKey]*openedBuffer // peers' user buffers opened through IPC
 
 	// Kernel arguments that never change, packed once: p_sig and p_buf arrays.
 	sig     [8 * ptx.MaxRanks]byte
@@ -58,86 +56,21 @@ type Comm struct {
 	args driver.Args
 	cfg  driver.LaunchConfig
 
-	registered map[driver.DevicePtr]registration // buffer -> slot: zero-copy inputs, direct TwoShot outputs
-	capture    *captureState                     // non-nil while Capture records
-	closed     bool
-	failed     error // sticky asynchronous error
-}
+	registered map[driver.DevicePtr]*Registration // buffer -> its registration: zero-copy inputs, direct TwoShot outputs
+	graphs     map[*Graph]struct{}                // captured graphs not yet closed
+	capture    *captureState                      // non-nil while Capture records
+	work       workTracker                        // this rank's queued work, per stream
+	pointers   pointerCache                       // allocations already checked as this rank's device memory
+	closed     bool                               // Close was called: no new work
+	released   bool                               // Close freed everything
+	failed     error                              // sticky asynchronous error
 
-// registration is a user buffer whose peers' counterparts sit in a table slot.
-type registration struct {
-	slot  int
-	bytes uint64
+	drainOverride time.Duration // tests: replaces drainLimit
 }
 
 type ipcKey struct {
 	pid    int
 	handle driver.IPCMemHandle
-}
-
-// arenaLayout places the shared pieces of one rank's arena.
-type arenaLayout struct {
-	staging, tmp, recv uint64 // offsets; signals are at 0
-	recvSlot           uint64 // bytes of one push receive slot
-	total              uint64
-}
-
-func newArenaLayout(o Options, worldSize int) arenaLayout {
-	var l arenaLayout
-	l.staging = ptx.SignalBytes
-	l.tmp = l.staging + uint64(o.MaxBytes)
-	// TwoShot's tmp holds the largest shard: nvec/ws + nvec%ws vectors.
-	maxVec := uint64(o.MaxBytes) / ptx.VectorBytes
-	l.recv = l.tmp + (maxVec/uint64(worldSize)+uint64(worldSize))*ptx.VectorBytes
-	l.recvSlot = uint64(o.PushMaxBytes)
-	l.total = l.recv + uint64(ptx.PushParts(worldSize)*worldSize)*l.recvSlot
-	return l
-}
-
-// rankFacts is the fixed-size part of what every rank tells the others at init.
-type rankFacts struct {
-	PID         int64
-	Device      int64 // CUDA ordinal in its process
-	UUID        [16]byte
-	SMs         int64
-	BlocksPerSM int64
-	Major       int64 // compute capability
-	// The options every rank must agree on.
-	Blocks, PushBlocks, ThreadsPerBlock, MaxBytes, PushMaxBytes, Algorithm int64
-	// SystemScope is 1 when the rank was created with Options.SystemScope: the scope picks the
-	// barrier protocol, which every rank must share.
-	SystemScope int64
-}
-
-// rankInfo is what every rank tells the others at init.
-type rankInfo struct {
-	rankFacts
-	Arena memory.Descriptor
-}
-
-func (ri rankInfo) marshal() ([]byte, error) {
-	var b bytes.Buffer
-	if err := binary.Write(&b, binary.LittleEndian, ri.rankFacts); err != nil {
-		return nil, err
-	}
-	arena, err := ri.Arena.MarshalBinary()
-	if err != nil {
-		return nil, err
-	}
-	b.Write(arena)
-	return b.Bytes(), nil
-}
-
-func unmarshalRankInfo(p []byte) (rankInfo, error) {
-	var ri rankInfo
-	r := bytes.NewReader(p)
-	if err := binary.Read(r, binary.LittleEndian, &ri.rankFacts); err != nil {
-		return ri, fmt.Errorf("malformed rank info (do all ranks run the same goccl version?): %w", err)
-	}
-	if err := ri.Arena.UnmarshalBinary(p[len(p)-r.Len():]); err != nil {
-		return ri, err
-	}
-	return ri, nil
 }
 
 // New creates this process's rank of a communicator on the CUDA device with the given
@@ -164,7 +97,8 @@ func New(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Options
 		return nil, fmt.Errorf("collective: rank %d: device %d: %w", boot.Rank(), device, err)
 	}
 	c = &Comm{rank: boot.Rank(), size: size, dev: dev, boot: boot, opts: opts,
-		registered: map[driver.DevicePtr]registration{}, opened: map[ipcKey]*memory.Mapping{}}
+		registered: map[driver.DevicePtr]*Registration{}, graphs: map[*Graph]struct{}{},
+		opened: map[ipcKey]*openedBuffer{}}
 	defer func() {
 		if err != nil {
 			c.release()
@@ -174,6 +108,7 @@ func New(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Options
 	if c.ctx, err = driver.PrimaryContext(dev); err != nil {
 		return c, fmt.Errorf("collective: rank %d: context of device %d: %w", c.rank, device, err)
 	}
+	c.work = workTracker{ctx: c.ctx, events: map[uintptr]*driver.Event{}}
 	if err := c.init(ctx, device); err != nil {
 		return c, fmt.Errorf("collective: rank %d: %w", c.rank, err)
 	}
@@ -227,26 +162,6 @@ func NewGroup(ctx context.Context, devices []int, opts Options) ([]*Comm, error)
 		return nil, err
 	}
 	return comms, nil
-}
-
-// checkTopology applies the custom all-reduce policy to the distinct GPUs of devices. Virtual
-// ranks on one GPU need no check.
-func checkTopology(ctx context.Context, devices []int, opts Options) error {
-	distinct := map[int]bool{}
-	for _, d := range devices {
-		distinct[d] = true
-	}
-	if len(distinct) < 2 {
-		return nil
-	}
-	t, err := topology.Discover(ctx, topology.Options{CheckP2P: true})
-	if err != nil {
-		return fmt.Errorf("collective: discover the GPUs' links: %w", err)
-	}
-	if err := t.CheckCustomAllReduce(devices, topology.PolicyOptions{AllowNonNVLink: opts.AllowNonNVLink}); err != nil {
-		return fmt.Errorf("collective: %w", err)
-	}
-	return nil
 }
 
 // init allocates, exchanges and maps everything the kernels need.
@@ -317,7 +232,10 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 			return fmt.Errorf("rank info of rank %d: %w", r, err)
 		}
 	}
-	if err := c.agree(infos); err != nil {
+	if err := agree(infos, c.rank); err != nil {
+		return err
+	}
+	if err := c.checkPeerTopology(ctx, infos); err != nil {
 		return err
 	}
 	fds := make([][]int, c.size)
@@ -382,88 +300,6 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	return nil
 }
 
-// agree checks that every rank passed the same options: different grids or buffer sizes would
-// make the kernels wait for blocks that never come, or read past buffers.
-func (c *Comm) agree(infos []rankInfo) error {
-	type agreed struct{ Blocks, PushBlocks, ThreadsPerBlock, MaxBytes, PushMaxBytes, Algorithm, SystemScope int64 }
-	pick := func(f rankFacts) agreed {
-		return agreed{f.Blocks, f.PushBlocks, f.ThreadsPerBlock, f.MaxBytes, f.PushMaxBytes, f.Algorithm, f.SystemScope}
-	}
-	me := pick(infos[c.rank].rankFacts)
-	for r, ri := range infos {
-		if pick(ri.rankFacts) != me {
-			return invalid("rank %d was created with different options (Blocks, PushBlocks, ThreadsPerBlock, MaxBytes, PushMaxBytes, Algorithm, SystemScope) than rank %d: all ranks must pass the same", r, c.rank)
-		}
-	}
-	return nil
-}
-
-// ranksPerGPU is the largest number of ranks that share one GPU.
-func ranksPerGPU(infos []rankInfo) int {
-	count := map[[16]byte]int{}
-	most := 0
-	for _, ri := range infos {
-		count[ri.UUID]++
-		most = max(most, count[ri.UUID])
-	}
-	return most
-}
-
-// mapPeers makes every rank's arena addressable here, enabling peer access to other devices
-// of this process. It owns the received VMM fds (fds[r], r != own rank): each is consumed by
-// memory.Open or closed on failure.
-func (c *Comm) mapPeers(infos []rankInfo, fds [][]int) error {
-	c.peers = make([]*memory.Mapping, c.size)
-	for r, ri := range infos {
-		fd := -1
-		if len(fds[r]) > 0 && r != c.rank {
-			fd = fds[r][0]
-		}
-		var err error
-		if ri.Arena.Local() && ri.Device != int64(c.dev) {
-			if err = c.enablePeer(int(ri.Device)); err != nil {
-				err = fmt.Errorf("peer access to rank %d on device %d: %w", r, ri.Device, err)
-			}
-		}
-		if err == nil {
-			if c.peers[r], err = memory.Open(c.ctx, ri.Arena, fd); err != nil {
-				err = fmt.Errorf("map the arena of rank %d: %w", r, err)
-			}
-			fd = -1 // Open consumed it
-		}
-		if err != nil {
-			if fd >= 0 {
-				unix.Close(fd)
-			}
-			for later := r + 1; later < c.size; later++ {
-				if later != c.rank && len(fds[later]) > 0 {
-					unix.Close(fds[later][0])
-				}
-			}
-			return err
-		}
-	}
-	return nil
-}
-
-func (c *Comm) enablePeer(ordinal int) error {
-	dev, err := driver.GetDevice(ordinal)
-	if err != nil {
-		return err
-	}
-	for _, p := range c.peerCtx {
-		if p.Device() == dev {
-			return nil
-		}
-	}
-	pctx, err := driver.PrimaryContext(dev)
-	if err != nil {
-		return err
-	}
-	c.peerCtx = append(c.peerCtx, pctx)
-	return c.ctx.EnablePeerAccess(pctx)
-}
-
 // checkParams verifies that the kernel catalog lists the parameters in the order AllReduce
 // packs them, so a change to one side cannot silently misplace arguments.
 func checkParams(worldSize int) error {
@@ -471,7 +307,7 @@ func checkParams(worldSize int) error {
 		name string
 		size int
 	}{{"p_inputs", 8}, {"p_outputs", 8}, {"p_out", 8}, {"p_nvec", 4}, {"p_rank", 4}, {"p_err", 8}, {"p_timeout", 8},
-		{"p_sig", 8 * worldSize}, {"p_buf", 8 * worldSize}, {"p_slot", 8}, {"p_flags", 4}}
+		{"p_sig", 8 * worldSize}, {"p_buf", 8 * worldSize}, {"p_slot", 8}, {"p_flags", 4}, {"p_tail", 4}, {"p_call", 8}}
 	got := ptx.Params(worldSize)
 	if len(got) != len(want) {
 		return fmt.Errorf("internal error: kernel catalog has %d parameters, launcher packs %d", len(got), len(want))
@@ -496,79 +332,6 @@ func (c *Comm) Device() driver.Device { return c.dev }
 // Context returns the primary context of this rank's device, for allocating buffers and
 // creating streams. It stays valid until Close.
 func (c *Comm) Context() *driver.Context { return c.ctx }
-
-// Close releases everything the rank holds. Peers should close too: their kernels can no
-// longer reach this rank. Close is idempotent.
-func (c *Comm) Close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return nil
-	}
-	c.closed = true
-	return c.release()
-}
-
-// release frees in reverse order of init; it tolerates a partly built Comm.
-func (c *Comm) release() error {
-	var errs []error
-	if c.ctx != nil {
-		// In-flight kernels may still touch the arena and the peers' memory: wait for them,
-		// but not forever (a kernel gives up after Options.Timeout). If they are still running,
-		// leave everything allocated: freeing memory under a running kernel blocks.
-		if err := c.drain(); err != nil {
-			return fmt.Errorf("collective: close rank %d: %w", c.rank, err)
-		}
-	}
-	for _, m := range c.opened {
-		errs = append(errs, m.Close())
-	}
-	for _, m := range c.peers {
-		errs = append(errs, m.Close())
-	}
-	if c.table != nil {
-		errs = append(errs, c.table.close())
-	}
-	if c.errRec != nil {
-		errs = append(errs, c.errRec.Close())
-	}
-	if c.arena != nil {
-		errs = append(errs, c.arena.Close())
-	}
-	if c.kernels != nil {
-		errs = append(errs, c.kernels.release())
-	}
-	for _, p := range c.peerCtx {
-		errs = append(errs, p.Close())
-	}
-	if c.boot != nil {
-		errs = append(errs, c.boot.Close())
-	}
-	if c.ctx != nil {
-		errs = append(errs, c.ctx.Close())
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("collective: close rank %d: %w", c.rank, err)
-	}
-	return nil
-}
-
-// drain waits for the work of the rank's context, for at most twice the watchdog timeout
-// plus a few seconds.
-func (c *Comm) drain() error {
-	limit := 2*c.opts.Timeout + 5*time.Second
-	if c.opts.Timeout < 0 {
-		limit = time.Minute
-	}
-	done := make(chan error, 1)
-	go func() { done <- c.ctx.Synchronize() }()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(limit):
-		return fmt.Errorf("kernels still running after %v; device memory left allocated", limit)
-	}
-}
 
 // errWord reads word i of the error record. The kernel writes it through the mapping while
 // the host may read it: atomic loads keep the race detector and the compiler honest.

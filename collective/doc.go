@@ -32,21 +32,41 @@
 // OneShot and TwoShot read the peers' inputs directly, so the input must be in memory the
 // peers have mapped. An eager call copies src into the rank's staging buffer first. Register
 // shares a user buffer once so calls that read from it skip the copy (and TwoShot calls that
-// write into it write every rank's output directly). Capture records all-reduces into a CUDA
-// graph and exchanges the captured buffers afterwards. Registered buffers are matched across
-// ranks by registration order: a call that passes a registered buffer on one rank must pass
-// its counterpart on every rank.
+// write into it write every rank's output directly); Release the Registration before freeing
+// the buffer. Capture records all-reduces into a CUDA graph and exchanges the captured buffers
+// afterwards; a buffer used by many calls of one capture takes one registration slot, and
+// closing the Graph gives its slots back, so an engine can capture one graph per batch size and
+// capture them again at will. Registered buffers are matched across ranks by registration
+// order: a call that passes a registered buffer on one rank must pass its counterpart on every
+// rank. AllReduce may also be called while the caller captures its own graph (the input then
+// goes through the staging buffer unless it is registered).
+//
+// Streams and memory made elsewhere work as they are: driver.WrapStream takes a CUstream of
+// another library without owning it, and buffers only need to be device memory of the rank's
+// device.
 //
 // # Errors
 //
-// Invalid calls fail before anything is launched, with errors wrapping ErrInvalidArgument.
+// Invalid calls fail before anything is launched, with errors wrapping ErrInvalidArgument:
+// sizes past MaxBytes (overflow included), nil, misaligned or partly overlapping buffers, and
+// pointers that are not device memory of the rank's device (checked once per allocation with
+// the driver). Any element count is accepted. Register and Capture are collective: one rank's
+// refusal reaches every rank at once (*RefusedError), and the communicator stays usable.
+//
 // Kernels never wait forever: a peer that does not arrive within Options.Timeout makes the
 // waiting kernel record a KernelError (errors.Is ErrTimeout) naming the rank, the missing
-// peer and the phase; Err returns it and the communicator refuses further work.
+// peer and the phase. Ranks that issue different all-reduces (another count or element type)
+// are caught in the kernel: ErrCallMismatch names both ranks and both calls. A CUDA error that
+// leaves the context unusable (a kernel fault anywhere in the process) is reported as
+// driver.ErrContextLost. After any of these Err returns the error, every call refuses work
+// with it (errors.Is ErrUnusable), and the communicator should be closed. docs/guarantees.md
+// lists what goccl guarantees under bad input and faults, with the test behind each line.
 //
-// # Concurrency
+// # Concurrency and lifetime
 //
 // A Comm's methods may be called from any goroutine; calls are serialised. The all-reduces of
 // one communicator must be ordered on the GPU (one stream, or streams ordered by events),
-// since each kernel's barrier pairs with the peers' kernel of the same call.
+// since each kernel's barrier pairs with the peers' kernel of the same call. Close waits for
+// this communicator's own queued work (bounded by twice Options.Timeout plus a few seconds),
+// never for the rest of the context's, and frees nothing if that work is still running.
 package collective

@@ -21,7 +21,7 @@ func ExampleNewGroup() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	const count = 4096 // bf16 elements: 8 KiB, a multiple of 16 bytes
+	const count = 4099 // bf16 elements: any count is fine
 	for _, comm := range comms {
 		stream, err := comm.Context().NewStream()
 		if err != nil {
@@ -54,7 +54,7 @@ func ExampleComm_Capture() {
 		log.Fatal(err)
 	}
 	const count = 1 << 20 // bf16 elements
-	graphs := make([]*driver.GraphExec, len(comms))
+	graphs := make([]*collective.Graph, len(comms))
 	streams := make([]*driver.Stream, len(comms))
 	errs := make([]error, len(comms))
 	var wg sync.WaitGroup
@@ -82,6 +82,76 @@ func ExampleComm_Capture() {
 	for r, comm := range comms {
 		streams[r].Synchronize()
 		if err := comm.Err(); err != nil {
+			log.Fatal(err)
+		}
+	}
+}
+
+// A service registers the buffers it all-reduces every step, so that the kernels read them in
+// place instead of copying them into the staging buffer, and releases them before freeing
+// them. Register is collective: each rank of this process registers from its own goroutine.
+func ExampleComm_Register() {
+	ctx := context.Background()
+	comms, err := collective.NewGroup(ctx, []int{0, 0}, collective.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	const count = 1 << 20 // bf16 elements
+	var wg sync.WaitGroup
+	for _, comm := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := comm.Context()
+			buf, _ := c.Alloc(2 * count)
+			defer c.Free(buf)
+			reg, err := comm.Register(ctx, buf, 2*count)
+			var refused *collective.RefusedError
+			switch {
+			case errors.As(err, &refused):
+				log.Printf("a peer refused its buffer: %v", refused) // nothing was registered
+				return
+			case err != nil:
+				log.Printf("this rank's buffer was refused: %v", err)
+				return
+			}
+			defer reg.Release() // before Free
+			stream, _ := c.NewStream()
+			defer stream.Close()
+			for range 10 { // steps of the service
+				if err := comm.AllReduce(stream, buf, buf, count, collective.BFloat16); err != nil {
+					log.Print(err)
+					return
+				}
+			}
+			stream.Synchronize()
+		}()
+	}
+	wg.Wait()
+	for _, comm := range comms {
+		if err := comm.Err(); errors.Is(err, collective.ErrUnusable) {
+			log.Printf("rank %d failed: %v", comm.Rank(), err) // ErrTimeout, ErrCallMismatch, driver.ErrContextLost...
+		}
+		comm.Close()
+	}
+}
+
+// Streams made by another CUDA library (cgo code, another binding) are wrapped without being
+// owned: goccl enqueues on them and never destroys them.
+func ExampleComm_AllReduce_foreignStream() {
+	var handles [2]uintptr // CUstreams created elsewhere, one on each rank's device
+	comms, err := collective.NewGroup(context.Background(), []int{0, 1}, collective.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for r, comm := range comms {
+		stream, err := driver.WrapStream(handles[r])
+		if err != nil {
+			log.Fatal(err) // for example the default stream, which goccl does not take
+		}
+		defer stream.Close() // forgets it; the library that made it destroys it
+		buf, _ := comm.Context().Alloc(4096)
+		if err := comm.AllReduce(stream, buf, buf, 1024, collective.Float32); err != nil {
 			log.Fatal(err)
 		}
 	}

@@ -50,7 +50,7 @@ const pdlFloorPTX = `
 //   - fork-main: one graph of 200 layers, each an event fork from a stream of its own to ws
 //     rank streams, one kernel per rank stream and a join back;
 //   - fork-rank0: the same with rank 0's kernel on the main stream (ws-1 forks per layer):
-//     issue 3's harness, "a fork from stream 0 to every rank's stream";
+//     the fork/join harness, "a fork from stream 0 to every rank's stream";
 //   - per-rank: one graph of 200 kernels per rank stream, as every process of a real job
 //     captures its own (what arsmoke -g does); the time runs from an event before all of them
 //     to the join after.
@@ -235,7 +235,7 @@ func (f *floor) forkJoinLayer(b *testing.B, rank0 bool, launch func(r int, s *dr
 	f.join(b, rank0)
 }
 
-// BenchmarkAllReduceForkJoin runs issue 3's harness with real all-reduces: one CUDA graph of
+// BenchmarkAllReduceForkJoin runs the fork/join harness with real all-reduces: one CUDA graph of
 // 200 layers, each an event fork from stream 0 (rank 0's stream) to the other ranks' streams,
 // one bf16 all-reduce per rank (registered input, out of place) and a join back. Compare it
 // with BenchmarkGraphForkJoinFloor/fork-rank0, the same graph with empty kernels, and with
@@ -301,12 +301,13 @@ func sizeName(n int) string {
 func benchForkJoin(b *testing.B, ws int, opts collective.Options, nbytes int, registerOutput bool) {
 	g := newGroup(b, virtualRanks(ws), opts, uint64(nbytes))
 	g.parallel(func(rb *rankBufs) error {
-		if err := rb.comm.Register(context.Background(), rb.in, rb.capacity); err != nil || !registerOutput {
+		if _, err := rb.comm.Register(context.Background(), rb.in, rb.capacity); err != nil || !registerOutput {
 			return err
 		}
-		return rb.comm.Register(context.Background(), rb.out, rb.capacity)
+		_, err := rb.comm.Register(context.Background(), rb.out, rb.capacity)
+		return err
 	})
-	// issue 3's harness on the ranks' own streams: rank 0's is the main stream
+	// the fork/join harness on the ranks' own streams: rank 0's is the main stream
 	streams := make([]*driver.Stream, ws)
 	for r, rb := range g.ranks {
 		streams[r] = rb.stream

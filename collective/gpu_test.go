@@ -16,28 +16,13 @@ import (
 	"github.com/goccl/goccl/collective/bootstrap"
 	"github.com/goccl/goccl/driver"
 	"github.com/goccl/goccl/dtype"
+	"github.com/goccl/goccl/internal/gputest"
 	"github.com/goccl/goccl/internal/ref"
 	"github.com/goccl/goccl/ptx"
 )
 
-// requireGPU skips the test when there is no usable GPU, except where GOCCL_REQUIRE_GPU=1
-// says GPU tests must run (the GPU bundle): there it fails.
-func requireGPU(t testing.TB) {
-	t.Helper()
-	err := driver.Init()
-	if err == nil {
-		if n, err2 := driver.DeviceCount(); err2 == nil && n > 0 {
-			return
-		}
-	}
-	if os.Getenv("GOCCL_REQUIRE_GPU") == "1" {
-		t.Fatalf("GOCCL_REQUIRE_GPU=1 but no GPU is usable: %v", err)
-	}
-	if err != nil && !errors.Is(err, driver.ErrNoDriver) && !errors.Is(err, driver.ErrNoDevice) {
-		t.Fatalf("driver.Init failed for a reason other than a missing driver or GPU: %v", err)
-	}
-	t.Skipf("no GPU: %v", err)
-}
+// requireGPU skips the test without a usable GPU (see internal/gputest).
+func requireGPU(t testing.TB) { gputest.Require(t) }
 
 // rankBufs is one rank's stream and buffers in a test.
 type rankBufs struct {
@@ -156,7 +141,7 @@ func reference(algo collective.Algorithm, dt dtype.DType, inputs [][]byte) ([]by
 	return nil, fmt.Errorf("no reference for algorithm %v", algo)
 }
 
-// testSizes are the sizes of issue 3 in bytes for dt: 16 B, 1040 elements, 64 KiB, 1 MiB,
+// testSizes are the sizes every algorithm is checked at, in bytes for dt: 16 B, 1040 elements, 64 KiB, 1 MiB,
 // 8 MiB - 16 B.
 func testSizes(dt dtype.DType) []int {
 	return []int{16, 1040 * dt.Size(), 64 << 10, 1 << 20, 8<<20 - 16}
@@ -218,7 +203,8 @@ func TestAllReduceRegisteredAndGraph(t *testing.T) {
 
 				// Registered: every rank registers its input, concurrently (collective call).
 				g.parallel(func(rb *rankBufs) error {
-					return rb.comm.Register(context.Background(), rb.in, rb.capacity)
+					_, err := rb.comm.Register(context.Background(), rb.in, rb.capacity)
+					return err
 				})
 				for range 3 {
 					inputs := g.fill(rng, dt, nbytes, false)
@@ -234,7 +220,8 @@ func TestAllReduceRegisteredAndGraph(t *testing.T) {
 				// Registered outputs too: TwoShot writes straight into every rank's output
 				// (direct), also in place, where the input goes through the staging buffer.
 				g.parallel(func(rb *rankBufs) error {
-					return rb.comm.Register(context.Background(), rb.out, rb.capacity)
+					_, err := rb.comm.Register(context.Background(), rb.out, rb.capacity)
+					return err
 				})
 				for range 2 {
 					inputs := g.fill(rng, dt, nbytes, false)
@@ -248,7 +235,7 @@ func TestAllReduceRegisteredAndGraph(t *testing.T) {
 				}
 
 				// Graph: two all-reduces per graph, one out of place, one in place.
-				graphs := make([]*driver.GraphExec, ws)
+				graphs := make([]*collective.Graph, ws)
 				g.parallel(func(rb *rankBufs) error {
 					var err error
 					graphs[rb.comm.Rank()], err = rb.comm.Capture(context.Background(), rb.stream, func() error {

@@ -2,27 +2,20 @@ package collective
 
 import (
 	"context"
-	"errors"
-	"os"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/goccl/goccl/driver"
 	"github.com/goccl/goccl/dtype"
+	"github.com/goccl/goccl/internal/gputest"
 	"github.com/goccl/goccl/ptx"
 )
 
-// requireGPUHere is the external tests' requireGPU for the internal ones: skip without a
-// driver or device, unless GOCCL_REQUIRE_GPU=1 demands one; fail on any other error.
-func requireGPUHere(tb testing.TB) {
-	tb.Helper()
-	if err := driver.Init(); err != nil {
-		if os.Getenv("GOCCL_REQUIRE_GPU") == "1" || !(errors.Is(err, driver.ErrNoDriver) || errors.Is(err, driver.ErrNoDevice)) {
-			tb.Fatal(err)
-		}
-		tb.Skipf("no GPU: %v", err)
-	}
-}
+// requireGPUHere is the external tests' requireGPU for the internal ones.
+func requireGPUHere(tb testing.TB) { gputest.Require(tb) }
 
 // BenchmarkAllReduceLaunchOnly is the baseline of BenchmarkAllReduceHost (in the external
 // tests): the same kernel, launched with the same arguments on the same two virtual ranks'
@@ -130,4 +123,115 @@ func TestBarrierScope(t *testing.T) {
 			}
 		}
 	}
+}
+
+// spinPTX holds a kernel that runs for p_ns nanoseconds of %globaltimer: another part of the
+// program keeping the GPU busy.
+const spinPTX = `
+.version 7.8
+.target sm_80
+.address_size 64
+.visible .entry spin(.param .u64 p_ns)
+{
+	.reg .b64 %start, %now, %ns;
+	.reg .pred %p;
+	ld.param.u64 %ns, [p_ns];
+	mov.u64 %start, %globaltimer;
+LOOP:
+	mov.u64 %now, %globaltimer;
+	sub.u64 %now, %now, %start;
+	setp.lt.u64 %p, %now, %ns;
+	@%p bra LOOP;
+	ret;
+}
+`
+
+// TestDrainWaitsForOwnWorkOnly: Close waits for this communicator's queued work, not for
+// the rest of the context's: a service's long kernel on the same GPU does not hold it up.
+func TestDrainWaitsForOwnWorkOnly(t *testing.T) {
+	requireGPUHere(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	comms, err := NewGroup(ctx, []int{0, 0}, Options{Timeout: 5 * time.Second})
+	require.NoError(t, err)
+	dev := comms[0].Context()
+	mod, err := dev.LoadModule("spin", []byte(spinPTX))
+	require.NoError(t, err)
+	defer mod.Close()
+	spin, err := mod.Function("spin")
+	require.NoError(t, err)
+	other, err := dev.NewStream()
+	require.NoError(t, err)
+	defer other.Close()
+	const busy = 3 * time.Second
+	var args driver.Args
+	args.U64(uint64(busy))
+	require.NoError(t, driver.Launch(other, spin, &driver.LaunchConfig{Grid: [3]uint32{1, 1, 1}, Block: [3]uint32{32, 1, 1}}, &args))
+
+	streams := make([]*driver.Stream, len(comms))
+	bufs := make([]driver.DevicePtr, len(comms))
+	for r, c := range comms {
+		streams[r], err = dev.NewStream()
+		require.NoError(t, err)
+		defer streams[r].Close()
+		bufs[r], err = dev.Alloc(1 << 16)
+		require.NoError(t, err)
+		defer dev.Free(bufs[r])
+		require.NoError(t, c.AllReduce(streams[r], bufs[r], bufs[r], 1<<15, BFloat16))
+	}
+	start := time.Now()
+	for r, c := range comms {
+		c.mu.Lock()
+		err := c.drain()
+		c.mu.Unlock()
+		require.NoError(t, err, "rank %d", r)
+	}
+	assert.Less(t, time.Since(start), busy/2, "drain waited for another part of the program's kernel")
+	for _, c := range comms {
+		require.NoError(t, c.Err())
+		require.NoError(t, c.Close())
+	}
+	require.NoError(t, other.Synchronize())
+}
+
+// TestCloseAfterFailedDrain: a Close whose drain times out frees nothing and says so; a second
+// Close says so again rather than nil; once the work has finished, Close frees everything.
+func TestCloseAfterFailedDrain(t *testing.T) {
+	requireGPUHere(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	comms, err := NewGroup(ctx, []int{0, 0}, Options{Timeout: -1, Algorithm: OneShot})
+	require.NoError(t, err)
+	dev := comms[0].Context()
+	streams := make([]*driver.Stream, len(comms))
+	bufs := make([]driver.DevicePtr, len(comms))
+	for r := range comms {
+		streams[r], err = dev.NewStream()
+		require.NoError(t, err)
+		defer streams[r].Close()
+		bufs[r], err = dev.Alloc(1 << 16)
+		require.NoError(t, err)
+		defer dev.Free(bufs[r])
+	}
+	// Rank 0 waits for rank 1, with no timeout.
+	require.NoError(t, comms[0].AllReduce(streams[0], bufs[0], bufs[0], 1<<15, BFloat16))
+	comms[0].drainOverride = 300 * time.Millisecond
+	for range 2 {
+		err := comms[0].Close()
+		require.Error(t, err)
+		assert.ErrorContains(t, err, "still running")
+		assert.False(t, comms[0].released)
+	}
+	assert.ErrorIs(t, comms[0].AllReduce(streams[0], bufs[0], bufs[0], 8, BFloat16), ErrClosed, "closed for new work all the same")
+	// Rank 1 arrives: rank 0's kernel completes and Close frees everything.
+	require.NoError(t, comms[1].AllReduce(streams[1], bufs[1], bufs[1], 1<<15, BFloat16))
+	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer wcancel()
+	for _, s := range streams {
+		require.NoError(t, s.Wait(wctx))
+	}
+	require.NoError(t, comms[0].Close())
+	assert.True(t, comms[0].released)
+	require.NoError(t, comms[0].Close())
+	require.NoError(t, comms[1].Close())
 }

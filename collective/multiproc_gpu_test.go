@@ -132,7 +132,8 @@ func TestMultiProcessChild(t *testing.T) {
 
 	// Registered input (zero copy through an IPC-opened user buffer), then graph capture
 	// with deferred registration, replayed on fresh data.
-	require.NoError(t, comm.Register(ctx, in, capacity))
+	_, err = comm.Register(ctx, in, capacity)
+	require.NoError(t, err)
 	nbytes := 1 << 20
 	for _, algo := range []collective.Algorithm{collective.OneShot, collective.TwoShot} {
 		round++

@@ -46,8 +46,8 @@ const (
 // Options configure a communicator. The zero value is ready to use. All ranks of one
 // communicator must pass the same options.
 type Options struct {
-	// MaxBytes is the largest all-reduce in bytes (default DefaultMaxBytes). Each rank holds
-	// about 2*MaxBytes of staging memory.
+	// MaxBytes is the largest all-reduce in bytes (default DefaultMaxBytes), a multiple of 16.
+	// Each rank holds about 2*MaxBytes of staging memory.
 	MaxBytes int64
 	// PushMaxBytes is the largest all-reduce the Push algorithm takes (default
 	// DefaultPushMaxBytes). Each rank holds ptx.PushParts(world size) * world size * PushMaxBytes
@@ -81,7 +81,8 @@ type Options struct {
 	// SystemScope keeps the system-scope barriers of OneShot and TwoShot (round-number
 	// flags, release/acquire at system scope) when every rank runs on one GPU, where the
 	// default GPU-scope kernels (counted arrivals, GPU-scope release/acquire: ptx.ScopeGPU)
-	// are enough and cheaper. Both are correct there; this is for tests and comparisons.
+	// are enough and cheaper. Both are correct there. It exists for tests and benchmarks that
+	// measure the barriers ranks on several GPUs use; services leave it false.
 	SystemScope bool
 	// AllowNonNVLink lets NewGroup build a communicator over more than two GPUs that are not
 	// all linked by NVLink (correct, but usually slower than NCCL there).

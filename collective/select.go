@@ -10,8 +10,8 @@ import "github.com/goccl/goccl/ptx"
 func selectAlgorithm(major, worldSize int, bytes, pushMax int64, direct, gpuScope bool) Algorithm {
 	// Push has no barrier: it wins while the message is small enough that writing it to
 	// every peer costs less than the two barrier round trips of OneShot. With 8 virtual ranks
-	// on an H200 it won at 16 KiB and lost badly from 32 KiB on (eager and one graph per rank:
-	// 7.8 to 44 us against OneShot's 4.8 to 5.2).
+	// on an H200 (one graph per rank, f318863) push took 3.69 us against OneShot's 4.22 at
+	// 16 KiB, and 4.70 against 4.51 at 32 KiB.
 	pushLimit := int64(64 << 10)
 	if worldSize > 4 {
 		pushLimit = 16 << 10
@@ -26,24 +26,26 @@ func selectAlgorithm(major, worldSize int, bytes, pushMax int64, direct, gpuScop
 	var oneShotLimit int64
 	switch {
 	case worldSize <= 2:
-		// direct: OneShot 4.80, TwoShot 4.99 us at 2 MiB; 6.74 and 6.25 at 4 MiB
+		// direct: OneShot 4.01, TwoShot 4.33 us at 2 MiB; 5.94 and 5.98 at 4 MiB; 12.15 and
+		// 10.20 at 8 MiB (f318863)
 		oneShotLimit = 8 << 20
 		if direct {
 			oneShotLimit = 2 << 20
 		}
 	case worldSize <= 4:
-		// OneShot 12.9 us, TwoShot 13.2 us at 1 MiB; TwoShot ahead from 2 MiB. Direct: OneShot
-		// 8.06, TwoShot 9.03 us at 2 MiB; 14.0 and 12.4 at 4 MiB.
+		// OneShot 5.58, TwoShot 6.31 us at 1 MiB. Direct: OneShot 8.06, TwoShot 9.03 us at
+		// 2 MiB; 14.0 and 12.4 at 4 MiB (eca01b3).
 		oneShotLimit = 1 << 20
 		if direct {
 			oneShotLimit = 2 << 20
 		}
 	case worldSize <= 8:
-		// direct: OneShot 6.57, TwoShot 7.63 us at 256 KiB; 8.20 and 7.92 at 512 KiB
+		// fork/join harness (f318863): OneShot 7.77, TwoShot through tmp 7.35 us at 256 KiB
 		oneShotLimit = 256 << 10
 		if direct && gpuScope {
 			// GPU-scope barriers make the direct TwoShot cheaper (8 virtual ranks, one graph
-			// per rank): OneShot 4.99, TwoShot 5.08 us at 64 KiB; 5.86 and 5.21 at 128 KiB
+			// per rank, f318863): OneShot 4.46, TwoShot 4.84 us at 64 KiB; 4.93 and 4.78 at
+			// 128 KiB
 			oneShotLimit = 64 << 10
 		}
 	default:

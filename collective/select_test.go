@@ -159,7 +159,8 @@ func TestArenaLayout(t *testing.T) {
 		assert.Equal(t, uint64(ptx.SignalBytes), l.staging)
 		assert.GreaterOrEqual(t, l.tmp-l.staging, uint64(o.MaxBytes), "staging holds a whole input")
 		assert.GreaterOrEqual(t, l.recv-l.tmp, 16*largest, "tmp holds the largest two-shot shard")
-		assert.Equal(t, l.recv+uint64(ptx.PushParts(ws)*ws)*uint64(o.PushMaxBytes), l.total, "PushParts parts (calls) of ws receive slots")
+		assert.Equal(t, l.recv+uint64(ptx.PushParts(ws)*ws)*uint64(ptx.PushSlotBytes(o.PushMaxBytes)), l.total, "PushParts parts (calls) of ws receive slots")
+		assert.GreaterOrEqual(t, l.recvSlot, uint64(o.PushMaxBytes), "a receive slot holds the largest push message")
 		assert.Zero(t, l.tmp%16)
 		assert.Zero(t, l.recv%16)
 	}
@@ -179,6 +180,17 @@ func TestKernelErrorMessages(t *testing.T) {
 	assert.ErrorIs(t, u, ErrUnfilledSlot)
 	assert.NotErrorIs(t, u, ErrTimeout)
 	assert.Contains(t, u.Error(), "replayed before Capture")
+
+	m := &KernelError{Code: ptx.ErrCodeMismatch, Rank: 0, Peer: 1, Phase: ptx.PhaseEntry,
+		Mine:   ptx.Call{Op: ptx.OpAllReduce, Algo: TwoShot, DType: BFloat16, Count: 1024},
+		Theirs: ptx.Call{Op: ptx.OpAllReduce, Algo: TwoShot, DType: BFloat16, Count: 2048}}
+	assert.ErrorIs(t, m, ErrCallMismatch)
+	assert.ErrorIs(t, m, ErrUnusable)
+	assert.NotErrorIs(t, m, ErrTimeout)
+	assert.Contains(t, m.Error(), "rank 0 issued "+m.Mine.String())
+	assert.Contains(t, m.Error(), "rank 1 issued "+m.Theirs.String())
+	assert.Contains(t, m.Error(), "1024")
+	assert.Contains(t, m.Error(), "2048")
 }
 
 func TestRankInfoRoundTrip(t *testing.T) {
@@ -201,10 +213,9 @@ func TestAgree(t *testing.T) {
 	for r := range infos {
 		infos[r].rankFacts = rankFacts{Blocks: 16, PushBlocks: 16, MaxBytes: 1 << 20, PushMaxBytes: 64 << 10}
 	}
-	c := &Comm{rank: 1}
-	require.NoError(t, c.agree(infos))
+	require.NoError(t, agree(infos, 1))
 	infos[2].SystemScope = 1
-	err := c.agree(infos)
+	err := agree(infos, 1)
 	require.ErrorIs(t, err, ErrInvalidArgument)
 	assert.ErrorContains(t, err, "rank 2 was created with different options")
 	assert.ErrorContains(t, err, "SystemScope")
@@ -231,8 +242,13 @@ func TestValidate(t *testing.T) {
 		{"dtype", p, p, 8, 0, "unsupported element type"},
 		{"count", p, p, 0, BFloat16, "count 0"},
 		{"negative", p, p, -8, BFloat16, "count -8"},
-		{"not 16 bytes", p, p, 7, BFloat16, "multiple of 16 bytes"},
 		{"too big", p, p, 1<<19 + 8, BFloat16, "more than MaxBytes"},
+		// count*2 wraps an int64 to a small size: refused, not reduced as 0 bytes
+		{"overflow", p, p, 1 << 62, BFloat16, "more than MaxBytes"},
+		{"overflow f32", p, p, 1<<62 + 1<<61, Float32, "more than MaxBytes"},
+		{"partial overlap", p + 16, p, 64, BFloat16, "overlap without being equal"},
+		{"partial overlap below", p, p + 8192, 1 << 17, BFloat16, "overlap without being equal"},
+		{"wraps", 0xFFFFFFFFFFFFFF00, p, 1 << 10, Float32, "wraps around the address space"},
 		{"nil src", p, 0, 8, BFloat16, "nil buffer"},
 		{"nil dst", 0, p, 8, Float32, "nil buffer"},
 		{"misaligned", p + 8, p, 8, BFloat16, "16-byte aligned"},
@@ -249,7 +265,8 @@ func TestClosedAndFailedCommRefuseWork(t *testing.T) {
 	c := &Comm{closed: true}
 	assert.ErrorIs(t, c.AllReduce(nil, 16, 16, 8, BFloat16), ErrClosed)
 	assert.ErrorIs(t, c.Err(), ErrClosed)
-	assert.NoError(t, c.Close(), "Close is idempotent")
+	assert.NoError(t, c.Close())
+	assert.NoError(t, c.Close(), "Close after a Close that returned nil")
 
 	failed := &Comm{failed: &KernelError{Code: ptx.ErrCodeTimeout, Rank: 1, Peer: 2}}
 	err := failed.AllReduce(nil, 16, 16, 8, BFloat16)

@@ -8,16 +8,17 @@ import (
 	"github.com/goccl/goccl/ptx"
 )
 
-// slotTable is the registration table in device memory: slot i holds the world-size input
-// pointers that a pull kernel reads through p_inputs (rank order). It is this rank's own,
-// never shared: the pointers are the peers' buffers as mapped in this process. Slots are
-// zeroed at creation, so a kernel that meets a slot that was never filled records
-// ErrCodeUnfilledSlot instead of dereferencing 0.
+// slotTable is the registration table in device memory: slot i holds the world-size pointers
+// (rank order) that a pull kernel reads through p_inputs or p_outputs. It is this rank's own,
+// never shared: the pointers are the peers' buffers as mapped in this process, so slot numbers
+// need not agree across ranks. Slots are zeroed at creation and when released, so a kernel
+// that meets a slot that is not filled records ErrCodeUnfilledSlot instead of dereferencing 0.
 type slotTable struct {
 	ctx   *driver.Context
 	base  driver.DevicePtr
 	slots int
-	used  int
+	next  int   // slots below next have been handed out at least once
+	free  []int // released slots, reused first
 }
 
 // slotBytes is the size of one slot: room for MaxRanks pointers keeps slot addresses
@@ -37,22 +38,34 @@ func newSlotTable(ctx *driver.Context, slots, worldSize int) (*slotTable, error)
 	return &slotTable{ctx: ctx, base: base, slots: slots}, nil
 }
 
-// reserve takes the next free slot without filling it (graph capture fills it later).
+// inUse is the number of slots held.
+func (t *slotTable) inUse() int { return t.next - len(t.free) }
+
+// reserve takes a free slot without filling it (graph capture fills it later).
 func (t *slotTable) reserve() (int, error) {
-	if t.used == t.slots {
-		return 0, fmt.Errorf("%w: the registration table is full (%d slots): raise Options.MaxSlots", ErrInvalidArgument, t.slots)
+	if n := len(t.free); n > 0 {
+		slot := t.free[n-1]
+		t.free = t.free[:n-1]
+		return slot, nil
 	}
-	t.used++
-	return t.used - 1, nil
+	if t.next == t.slots {
+		return 0, fmt.Errorf("%w: the registration table is full (%d slots held by registered buffers and captured graphs): release registrations and close graphs that are no longer used, or raise Options.MaxSlots", ErrInvalidArgument, t.slots)
+	}
+	t.next++
+	return t.next - 1, nil
 }
 
-// fill takes the next free slot and writes ptrs into it.
+// fill takes a free slot and writes ptrs into it.
 func (t *slotTable) fill(ptrs []driver.DevicePtr) (int, error) {
 	slot, err := t.reserve()
 	if err != nil {
 		return 0, err
 	}
-	return slot, t.write(slot, ptrs)
+	if err := t.write(slot, ptrs); err != nil {
+		t.free = append(t.free, slot)
+		return 0, err
+	}
+	return slot, nil
 }
 
 // write stores ptrs (rank order) into slot. It is synchronous: it runs at init, Register and
@@ -62,8 +75,20 @@ func (t *slotTable) write(slot int, ptrs []driver.DevicePtr) error {
 	for r, p := range ptrs {
 		binary.LittleEndian.PutUint64(buf[8*r:], uint64(p))
 	}
-	if err := t.ctx.CopyHtoD(t.addr(slot), buf[:8*len(ptrs)]); err != nil {
+	if err := t.ctx.CopyHtoD(t.addr(slot), buf[:]); err != nil {
 		return fmt.Errorf("write registration slot %d: %w", slot, err)
+	}
+	return nil
+}
+
+// release zeroes slots and makes them free again. The caller makes sure that no queued kernel
+// still reads them.
+func (t *slotTable) release(slots ...int) error {
+	for _, slot := range slots {
+		if err := t.write(slot, nil); err != nil {
+			return err
+		}
+		t.free = append(t.free, slot)
 	}
 	return nil
 }

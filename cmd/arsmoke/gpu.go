@@ -65,14 +65,14 @@ type engineRank struct {
 	stream     *driver.Stream
 	in, out    driver.DevicePtr
 	start, end *driver.Event     // timing on the rank's own stream
-	graph      *driver.GraphExec // timeGraph's capture, closed when it returns
+	graph      *collective.Graph // timeGraph's capture, closed when it returns
 }
 
 func newGPUEngine(ctx context.Context, cfg engineConfig) (_ *gpuEngine, err error) {
 	// Push takes every size of the sweep, so that -a push and -a all can measure it anywhere.
 	maxBytes := max(cfg.MaxBytes, 16)
-	// Every captured out-of-place all-reduce takes a registration slot for good: room for a sweep.
-	opts := collective.Options{MaxBytes: maxBytes, PushMaxBytes: maxBytes, Timeout: cfg.Timeout, MaxSlots: 1 << 16}
+	// Each graph's buffers take registration slots until the graph is closed.
+	opts := collective.Options{MaxBytes: maxBytes, PushMaxBytes: maxBytes, Timeout: cfg.Timeout}
 	e := &gpuEngine{cfg: cfg, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))}
 	defer func() {
 		if err != nil {
@@ -109,10 +109,11 @@ func newGPUEngine(ctx context.Context, cfg engineConfig) (_ *gpuEngine, err erro
 	// (zero copy; in place, OneShot goes through the staging buffer, as in an application) and
 	// TwoShot writes straight into every rank's output.
 	if err := e.parallel(func(r *engineRank) error {
-		if err := r.comm.Register(bctx, r.in, uint64(opts.MaxBytes)); err != nil {
+		if _, err := r.comm.Register(bctx, r.in, uint64(opts.MaxBytes)); err != nil {
 			return err
 		}
-		return r.comm.Register(bctx, r.out, uint64(opts.MaxBytes))
+		_, err := r.comm.Register(bctx, r.out, uint64(opts.MaxBytes))
+		return err
 	}); err != nil {
 		return nil, fmt.Errorf("register the input and output buffers: %w", err)
 	}

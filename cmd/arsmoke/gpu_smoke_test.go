@@ -3,28 +3,18 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/internal/gputest"
 )
 
-// requireGPU skips the test unless the real engine can see a GPU; with
-// GOCCL_REQUIRE_GPU=1 (the GPU machine) it fails instead.
-func requireGPU(t *testing.T) {
-	t.Helper()
-	n, err := countDevices()
-	if err == nil && n > 0 {
-		return
-	}
-	if os.Getenv("GOCCL_REQUIRE_GPU") == "1" {
-		t.Fatalf("GOCCL_REQUIRE_GPU=1 but no GPU to run on: %d devices, %v", n, err)
-	}
-	t.Skipf("no GPU (%d devices, %v); GOCCL_REQUIRE_GPU=1 turns this into a failure", n, err)
-}
+// requireGPU skips the test without a usable GPU (see internal/gputest).
+func requireGPU(t *testing.T) { gputest.Require(t) }
 
 // runGPU runs arsmoke for real and logs what it printed, for the notes.
 func runGPU(t *testing.T, args ...string) (code int, stdout string) {

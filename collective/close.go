@@ -1,0 +1,164 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/goccl/goccl/driver"
+)
+
+// workTracker remembers, per stream, an event recorded after this communicator's last launch
+// on it, so that Close, Registration.Release and Graph.Close wait for this communicator's own
+// work only, never for the rest of the context (a service's other kernels on the same GPU).
+type workTracker struct {
+	ctx    *driver.Context
+	events map[uintptr]*driver.Event // stream handle -> event after our last work on it
+}
+
+// maxTrackedStreams bounds the tracker: past it, entries whose work is complete are dropped.
+const maxTrackedStreams = 256
+
+// note records an event on stream after the work just enqueued there. It is skipped while the
+// stream is being captured: the capture's work runs when its graph is launched, which
+// Graph.Launch notes instead.
+func (w *workTracker) note(stream *driver.Stream) error {
+	ev := w.events[stream.Handle()]
+	if ev == nil {
+		if len(w.events) >= maxTrackedStreams {
+			w.forgetDone()
+		}
+		var err error
+		if ev, err = w.ctx.NewEvent(false); err != nil {
+			return fmt.Errorf("event to track this communicator's work: %w", err)
+		}
+		w.events[stream.Handle()] = ev
+	}
+	return ev.Record(stream)
+}
+
+// forgetDone drops the events whose work is complete.
+func (w *workTracker) forgetDone() {
+	for h, ev := range w.events {
+		if done, err := ev.Query(); done || err != nil {
+			ev.Close()
+			delete(w.events, h)
+		}
+	}
+}
+
+// wait returns once every tracked event has completed, or fails when ctx ends first (the
+// work is then still running: the caller must not free anything it uses).
+func (w *workTracker) wait(ctx context.Context) error {
+	for _, ev := range w.events {
+		if err := ev.Wait(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (w *workTracker) close() error {
+	var errs []error
+	for h, ev := range w.events {
+		errs = append(errs, ev.Close())
+		delete(w.events, h)
+	}
+	return errors.Join(errs...)
+}
+
+// drainLimit is how long Close and the release of shared buffers wait for this
+// communicator's queued work: twice the watchdog timeout plus a few seconds, since a kernel
+// gives up after Options.Timeout (a minute when kernels may wait forever).
+func (c *Comm) drainLimit() time.Duration {
+	if c.drainOverride > 0 {
+		return c.drainOverride
+	}
+	if c.opts.Timeout < 0 {
+		return time.Minute
+	}
+	return 2*c.opts.Timeout + 5*time.Second
+}
+
+// drain waits for this communicator's queued work (eager calls and graph launches), bounded
+// by drainLimit.
+func (c *Comm) drain() error {
+	ctx, cancel := context.WithTimeout(context.Background(), c.drainLimit())
+	defer cancel()
+	if err := c.work.wait(ctx); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("this communicator's kernels are still running after %v; nothing was freed (call Close again later): %w", c.drainLimit(), err)
+		}
+		return err
+	}
+	return nil
+}
+
+// Close releases everything the rank holds, once this rank's own queued work (not the rest of
+// the context's) has finished; peers should close too, since their kernels can no longer reach
+// this rank. The communicator takes no new work from the first Close on. If the work does not
+// finish within twice Options.Timeout plus a few seconds, Close frees nothing and returns an
+// error; calling Close again waits again and frees everything once the work is done. After a
+// Close that returned nil, Close returns nil.
+func (c *Comm) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.released {
+		return nil
+	}
+	c.closed = true
+	if err := c.drain(); err != nil && !errors.Is(err, driver.ErrContextLost) {
+		// A lost context runs nothing any more: release what can be released.
+		return fmt.Errorf("collective: close rank %d: %w", c.rank, err)
+	}
+	c.released = true
+	return c.release()
+}
+
+// release frees in reverse order of init; it tolerates a partly built Comm.
+func (c *Comm) release() error {
+	var errs []error
+	// Graphs and registrations still held by the caller become inert: their slots and
+	// mappings go with the table and the opened buffers below.
+	for g := range c.graphs {
+		g.done = true
+	}
+	for _, reg := range c.registered {
+		reg.done = true
+	}
+	for _, ob := range c.opened {
+		errs = append(errs, ob.m.Close())
+	}
+	for _, m := range c.peers {
+		errs = append(errs, m.Close())
+	}
+	if c.table != nil {
+		errs = append(errs, c.table.close())
+	}
+	if c.errRec != nil {
+		errs = append(errs, c.errRec.Close())
+	}
+	if c.arena != nil {
+		errs = append(errs, c.arena.Close())
+	}
+	if c.work.ctx != nil {
+		errs = append(errs, c.work.close())
+	}
+	if c.kernels != nil {
+		errs = append(errs, c.kernels.release())
+	}
+	for _, p := range c.peerCtx {
+		errs = append(errs, p.Close())
+	}
+	if c.boot != nil {
+		errs = append(errs, c.boot.Close())
+	}
+	if c.ctx != nil {
+		errs = append(errs, c.ctx.Close())
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("collective: close rank %d: %w", c.rank, err)
+	}
+	return nil
+}
