@@ -32,14 +32,20 @@ type SymbolInfo struct {
 // state is the process-wide library, loaded once: the answer (a library or an error) is
 // conclusive, since nothing in the process can make a missing library appear.
 var state struct {
-	once sync.Once
-	lib  *library
-	err  error
+	mu     sync.Mutex
+	loaded bool
+	lib    *library
+	err    error
 }
 
 // load returns the process's libnccl, loading it on the first call.
 func load() (*library, error) {
-	state.once.Do(func() { state.lib, state.err = openLibrary(os.Getenv(envLibnccl), os.Getenv) })
+	state.mu.Lock()
+	defer state.mu.Unlock()
+	if !state.loaded {
+		state.lib, state.err = openLibrary(os.Getenv(envLibnccl), os.Getenv)
+		state.loaded = true
+	}
 	return state.lib, state.err
 }
 
