@@ -624,8 +624,7 @@ func TestUnexpectedFDsClosed(t *testing.T) {
 				req := readReq(t, c)
 				p := encodeBlobs([][]byte{[]byte("0"), []byte("x")})
 				require.NoError(t, writeWithFDs(c, rawHeader(kindAllGather, req.seq, uint32(len(p)), 0), memfds(t, 5)))
-				_, err := c.Write(p)
-				require.NoError(t, err)
+				_, _ = c.Write(p) // refused at its header: rank 1 may have hung up
 			},
 			call: allGather,
 			want: "AllGather frame announces 0 fds but carried 5",

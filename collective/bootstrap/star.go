@@ -299,7 +299,7 @@ func (b *star) peerCall(ctx context.Context, k kind, blob []byte, fds []int) ([]
 	if err := b.send(ctx, 0, req); err != nil {
 		if errors.Is(err, ErrPeerLost) {
 			// Rank 0 may have failed and closed before this call: its reason may be waiting.
-			if f, rerr := b.recv(ctx, 0, checkAbort); rerr == nil && f.kind == kindAbort {
+			if f, rerr := b.recv(ctx, 0, onlyAbort); rerr == nil {
 				return nil, nil, decodeAbort(0, f.payload)
 			}
 		}

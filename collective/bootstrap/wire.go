@@ -401,3 +401,11 @@ func checkAbort(h header) error {
 	}
 	return nil
 }
+
+// onlyAbort accepts an abort frame within its limits, and nothing else.
+func onlyAbort(h header) error {
+	if h.kind != kindAbort {
+		return fmt.Errorf("got %s where only an abort could come (a corrupt stream)", h.kind)
+	}
+	return checkAbort(h)
+}
