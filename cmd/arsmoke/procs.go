@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
@@ -13,6 +15,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/goccl/goccl/collective/bootstrap"
 )
 
 // The environment that makes arsmoke a --procs child: the parent sets both
@@ -36,6 +40,10 @@ func childFromEnv(c config) (*procInfo, error) {
 	sock := os.Getenv(envSocket)
 	if sock == "" {
 		return nil, fmt.Errorf("%s is set but %s is not: arsmoke --procs sets both; unset %s", envRank, envSocket, envRank)
+	}
+	if os.Getenv(bootstrap.TokenEnv) == "" {
+		// The bootstrap would then admit any process of this user as a rank.
+		return nil, fmt.Errorf("%s is set but %s is not: arsmoke --procs gives its ranks a job token; unset %s", envRank, bootstrap.TokenEnv, envRank)
 	}
 	return &procInfo{Rank: rank, World: c.procs, Socket: sock}, nil
 }
@@ -62,6 +70,10 @@ func runParent(ctx context.Context, c config, args []string, stdout, stderr io.W
 	}
 	defer os.RemoveAll(dir)
 	sock := filepath.Join(dir, "bootstrap.sock")
+	token, err := newJobToken()
+	if err != nil {
+		return fail("%v", err)
+	}
 
 	type exited struct {
 		rank int
@@ -71,7 +83,7 @@ func runParent(ctx context.Context, c config, args []string, stdout, stderr io.W
 	cmds := make([]*exec.Cmd, 0, c.procs)
 	for rank := range c.procs {
 		cmd := exec.Command(exe, args...)
-		cmd.Env = append(childEnv(), envRank+"="+strconv.Itoa(rank), envSocket+"="+sock)
+		cmd.Env = rankEnv(childEnv(), rank, sock, token)
 		if rank == 0 {
 			cmd.Stdout = stdout
 		}
@@ -146,6 +158,28 @@ func runParent(ctx context.Context, c config, args []string, stdout, stderr io.W
 		cause += fmt.Sprintf("; stopped ranks %s", ranksOf(stopped))
 	}
 	return fail("%s", cause)
+}
+
+// newJobToken makes the secret that the ranks of one --procs run prove to each other when
+// they join (bootstrap.TokenEnv): no other process can take a rank's place or pose as rank 0.
+func newJobToken() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("make a job token for the ranks: %w", err)
+	}
+	return hex.EncodeToString(b), nil
+}
+
+// rankEnv is the environment of rank's process: env with who it is, where to meet the others
+// and the run's job token, which replaces any token env holds.
+func rankEnv(env []string, rank int, sock, token string) []string {
+	out := make([]string, 0, len(env)+3)
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, bootstrap.TokenEnv+"=") {
+			out = append(out, kv)
+		}
+	}
+	return append(out, envRank+"="+strconv.Itoa(rank), envSocket+"="+sock, bootstrap.TokenEnv+"="+token)
 }
 
 func ranks(set map[int]bool) string {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/goccl/goccl/collective"
+	"github.com/goccl/goccl/collective/bootstrap"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -75,6 +76,29 @@ func TestChildEnvironment(t *testing.T) {
 	assert.Equal(t, exitUsage, run([]string{"--procs", "2"}, &out, &errOut))
 	assert.Contains(t, errOut.String(), "ARSMOKE_RANK is set but ARSMOKE_SOCKET is not")
 	assert.Empty(t, out.String())
+
+	errOut.Reset()
+	t.Setenv(envSocket, "/tmp/x.sock")
+	t.Setenv(bootstrap.TokenEnv, "")
+	assert.Equal(t, exitUsage, run([]string{"--procs", "2"}, &out, &errOut))
+	assert.Contains(t, errOut.String(), "ARSMOKE_RANK is set but GOCCL_JOB_TOKEN is not")
+	assert.Empty(t, out.String())
+}
+
+// Every --procs run gives its ranks a fresh job token, in place of any the user's
+// environment holds, so that only its own ranks can join each other.
+func TestRankEnvCarriesJobToken(t *testing.T) {
+	a, err := newJobToken()
+	require.NoError(t, err)
+	b, err := newJobToken()
+	require.NoError(t, err)
+	assert.Regexp(t, `^[0-9a-f]{64}$`, a)
+	assert.NotEqual(t, a, b, "tokens are per run")
+
+	env := rankEnv([]string{"HOME=/home/x", bootstrap.TokenEnv + "=the user's own"}, 1, "/d/bootstrap.sock", a)
+	assert.Equal(t, []string{
+		"HOME=/home/x", envRank + "=1", envSocket + "=/d/bootstrap.sock", bootstrap.TokenEnv + "=" + a,
+	}, env)
 }
 
 func TestPrefixWriter(t *testing.T) {
