@@ -54,18 +54,11 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 		return err
 	}
 	outReg, direct := c.sharedOutput(dst, uint64(nbytes))
-	if algo == Auto {
-		algo = c.selected(nbytes, direct)
+	if algo, err = c.route(algo, nbytes, direct); err != nil {
+		return err
 	}
-	switch algo {
-	case OneShot, TwoShot:
-	case Push:
-		// The kernel writes nbytes into every peer's receive slot.
-		if nbytes > c.opts.PushMaxBytes {
-			return invalid("%d bytes is more than PushMaxBytes (%d) for the Push algorithm", nbytes, c.opts.PushMaxBytes)
-		}
-	default:
-		return invalid("unknown algorithm %v", algo)
+	if algo == NCCL {
+		return c.ncclAllReduce(stream, dst, src, count, dt)
 	}
 	// Whole vectors; the last one may be partly the message's (p_tail bytes of it).
 	nvec := int((nbytes + ptx.VectorBytes - 1) / ptx.VectorBytes)
@@ -90,6 +83,7 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 	}
 
 	blocks, threads := launchShape(algo, nvec, c.size, c.blocks, c.pushBlocks, c.opts.ThreadsPerBlock)
+	kernel, _ := algo.kernel()
 	ws8 := 8 * c.size
 	a := &c.args
 	a.Reset()
@@ -109,9 +103,9 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 	}
 	a.U32(flags)
 	a.U32(tail)
-	a.U64(ptx.Call{Op: ptx.OpAllReduce, Algo: algo, DType: dt, Count: uint64(count)}.Fingerprint())
+	a.U64(ptx.Call{Op: ptx.OpAllReduce, Algo: kernel, DType: dt, Count: uint64(count)}.Fingerprint())
 	c.cfg = driver.LaunchConfig{Grid: [3]uint32{uint32(blocks), 1, 1}, Block: [3]uint32{uint32(threads), 1, 1}}
-	fn := c.kernels.fn[c.scope][algo][dt]
+	fn := c.kernels.fn[c.scope][kernel][dt]
 	if c.pdl {
 		err = driver.LaunchEx(stream, fn, &c.cfg, a, true)
 	} else {
@@ -140,9 +134,11 @@ func (c *Comm) noteWork(stream *driver.Stream) error {
 }
 
 // Selected returns the algorithm that AllReduce picks for a message of nbytes: the forced
-// one (Options.Algorithm or GOCCL_ALGO) or the selection table's. sharedOutput says whether
-// the call's dst is visible to the peers (registered with Register, or the call is captured
-// by Capture): TwoShot then writes straight into it, which moves its crossover with OneShot.
+// one (Options.Algorithm or GOCCL_ALGO), NCCL where the kernels cannot serve the call (past
+// MaxBytes, or a communicator they cannot serve) and NCCL is available, or the selection
+// table's kernel. sharedOutput says whether the call's dst is visible to the peers
+// (registered with Register, or the call is captured by Capture): TwoShot then writes
+// straight into it, which moves its crossover with OneShot.
 func (c *Comm) Selected(nbytes int64, sharedOutput bool) Algorithm {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -153,7 +149,37 @@ func (c *Comm) selected(nbytes int64, sharedOutput bool) Algorithm {
 	if c.opts.Algorithm != Auto {
 		return c.opts.Algorithm
 	}
-	return selectAlgorithm(c.major, c.size, nbytes, c.opts.PushMaxBytes, sharedOutput, c.scope == ptx.ScopeGPU)
+	if c.nccl != nil && (!c.custom || nbytes > c.opts.MaxBytes) {
+		return NCCL
+	}
+	return Algorithm(selectAlgorithm(c.major, c.size, nbytes, c.opts.PushMaxBytes, sharedOutput, c.scope == ptx.ScopeGPU))
+}
+
+// route resolves the algorithm of one call (Auto: selected) and refuses what its engine
+// cannot take.
+func (c *Comm) route(algo Algorithm, nbytes int64, direct bool) (Algorithm, error) {
+	if algo == Auto {
+		algo = c.selected(nbytes, direct)
+	}
+	if algo == NCCL {
+		if c.nccl == nil {
+			return 0, invalid("the call needs NCCL, which this communicator does not have: %s", c.ncclWhy)
+		}
+		return NCCL, nil
+	}
+	if _, ok := algo.kernel(); !ok {
+		return 0, invalid("unknown algorithm %v", algo)
+	}
+	switch {
+	case !c.custom:
+		return 0, invalid("goccl's kernels cannot serve this communicator (%s), and NCCL is not available: %s", c.noCustomWhy, c.ncclWhy)
+	case nbytes > c.opts.MaxBytes:
+		return 0, invalid("%d bytes is more than MaxBytes (%d): raise Options.MaxBytes, or make libnccl available so that NCCL takes it (%s)", nbytes, c.opts.MaxBytes, c.ncclWhy)
+	case algo == Push && nbytes > c.opts.PushMaxBytes:
+		// The kernel writes nbytes into every peer's receive slot.
+		return 0, invalid("%d bytes is more than PushMaxBytes (%d) for the Push algorithm", nbytes, c.opts.PushMaxBytes)
+	}
+	return algo, nil
 }
 
 // sharedOutput reports whether a pull kernel could write into the peers' dst of this call:
@@ -216,6 +242,9 @@ func (c *Comm) usable() error {
 	if c.failed == nil {
 		c.failed = c.kernelError()
 	}
+	if c.failed == nil && c.nccl != nil {
+		c.failed = c.nccl.failure()
+	}
 	return c.failed
 }
 
@@ -248,6 +277,9 @@ func (c *Comm) Err() error {
 // no synchronisation needed). The winning thread sets the code, then the other words, then
 // the done word; a record seen between the two is read again once done is set.
 func (c *Comm) kernelError() error {
+	if c.errRec == nil {
+		return nil // no custom kernels
+	}
 	code := c.errWord(0)
 	if code == 0 {
 		return nil

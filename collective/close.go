@@ -119,6 +119,11 @@ func (c *Comm) Close() error {
 // release frees in reverse order of init; it tolerates a partly built Comm.
 func (c *Comm) release() error {
 	var errs []error
+	if c.nccl != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), c.drainLimit())
+		errs = append(errs, c.nccl.close(ctx))
+		cancel()
+	}
 	// Graphs and registrations still held by the caller become inert: their slots and
 	// mappings go with the table and the opened buffers below.
 	for g := range c.graphs {

@@ -65,6 +65,13 @@ type Comm struct {
 	released   bool                               // Close freed everything
 	failed     error                              // sticky asynchronous error
 
+	// The engines: custom kernels (custom), and NCCL where nccl is not nil.
+	custom      bool
+	noCustom    bool   // NewGroup found the GPUs not eligible: NCCL alone serves them
+	noCustomWhy string // why the custom kernels cannot serve this communicator
+	nccl        *ncclEngine
+	ncclWhy     string // why there is no NCCL communicator
+
 	drainOverride time.Duration // tests: replaces drainLimit
 }
 
@@ -77,7 +84,18 @@ type ipcKey struct {
 // ordinal. Every rank calls New with the same options; boot connects them (see package
 // bootstrap) and is owned by the Comm afterwards (closed by Close). New fails, rather than
 // hangs, when a rank does not join before ctx ends.
-func New(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Options) (c *Comm, err error) {
+//
+// The ranks' GPUs get the policy of NewGroup: rank 0 checks that they reach each other and,
+// for more than two, that NVLink links them all. goccl's kernels serve 2 to 16 ranks on one
+// host (NCCL_HOSTID, where set, names the host, as for NCCL); NCCL (Options.NCCL) serves
+// every call they cannot: past MaxBytes, GPUs that are not eligible, several hosts, one rank
+// or more than 16.
+func New(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Options) (*Comm, error) {
+	return newComm(ctx, device, boot, opts, false)
+}
+
+// newComm is New; noCustom says that the GPUs are not eligible for the custom kernels.
+func newComm(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Options, noCustom bool) (c *Comm, err error) {
 	if boot == nil {
 		return nil, invalid("nil bootstrap")
 	}
@@ -86,8 +104,8 @@ func New(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Options
 		return nil, err
 	}
 	size := boot.Size()
-	if size < 2 || size > ptx.MaxRanks {
-		return nil, invalid("world size %d: goccl's all-reduce takes 2 to %d ranks", size, ptx.MaxRanks)
+	if size < 1 {
+		return nil, invalid("world size %d", size)
 	}
 	if err := driver.Init(); err != nil {
 		return nil, fmt.Errorf("collective: %w", err)
@@ -98,7 +116,7 @@ func New(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Options
 	}
 	c = &Comm{rank: boot.Rank(), size: size, dev: dev, boot: boot, opts: opts,
 		registered: map[driver.DevicePtr]*Registration{}, graphs: map[*Graph]struct{}{},
-		opened: map[ipcKey]*openedBuffer{}}
+		opened: map[ipcKey]*openedBuffer{}, noCustom: noCustom}
 	defer func() {
 		if err != nil {
 			c.release()
@@ -128,11 +146,17 @@ func New(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Options
 //
 // Over several distinct GPUs, NewGroup first checks that they can all reach each other (a real
 // peer write through every pair, cached per driver and device set; see internal/topology) and,
-// for more than two, that NVLink links them all; otherwise it fails with an error that names
-// the pair and wraps ErrNotEligible, the cue to hand the work to NCCL.
+// for more than two, that NVLink links them all. Where they cannot, NCCL serves every call
+// (Options.NCCL); without NCCL, NewGroup fails with an error that names the pair and wraps
+// ErrNotEligible.
 func NewGroup(ctx context.Context, devices []int, opts Options) ([]*Comm, error) {
+	noCustom := false
 	if err := checkTopology(ctx, devices, opts); err != nil {
-		return nil, err
+		if !errors.Is(err, ErrNotEligible) || opts.NCCL == NCCLOff {
+			return nil, err
+		}
+		// NCCL alone serves these GPUs, if it can (init fails otherwise, naming both reasons).
+		noCustom = true
 	}
 	boots, err := bootstrap.NewInProcess(len(devices))
 	if err != nil {
@@ -145,7 +169,7 @@ func NewGroup(ctx context.Context, devices []int, opts Options) ([]*Comm, error)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			comms[r], errs[r] = New(ctx, dev, boots[r], opts)
+			comms[r], errs[r] = newComm(ctx, dev, boots[r], opts, noCustom)
 			if errs[r] != nil {
 				// Unblock the ranks still waiting for this one.
 				boots[r].Close()
@@ -164,17 +188,15 @@ func NewGroup(ctx context.Context, devices []int, opts Options) ([]*Comm, error)
 	return comms, nil
 }
 
-// init allocates, exchanges and maps everything the kernels need.
+// init exchanges the ranks' facts and sets up the engines that can serve the communicator:
+// the custom kernels (every rank on one host, 2 to ptx.MaxRanks ranks, an eligible topology)
+// and NCCL (Options.NCCL).
 func (c *Comm) init(ctx context.Context, ordinal int) error {
 	major, minor, err := c.dev.ComputeCapability()
 	if err != nil {
 		return err
 	}
 	c.major = major
-	target, err := ptx.TargetFor(major, minor)
-	if err != nil {
-		return err
-	}
 	sms, err := c.dev.SMCount()
 	if err != nil {
 		return err
@@ -183,41 +205,25 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	if err != nil {
 		return err
 	}
-	if err := checkParams(c.size); err != nil {
-		return err
-	}
-	if c.kernels, err = acquireKernels(kernelKey{dev: c.dev, worldSize: c.size, target: target}); err != nil {
-		return err
-	}
-	// Once per process: where the driver takes a launch's context from its stream, every
-	// AllReduce then costs one driver call instead of two. A driver that does not is no
-	// error: launches keep binding the context.
-	_ = driver.ProbeStreamLaunch(c.ctx)
-
-	c.layout = newArenaLayout(c.opts, c.size)
-	if c.arena, err = memory.Alloc(c.ctx, c.layout.total, c.opts.IPC); err != nil {
-		return err
-	}
-	if c.errRec, err = c.ctx.AllocHost(ptx.ErrRecordBytes); err != nil {
-		return fmt.Errorf("error record: %w", err)
-	}
-	clear(c.errRec.Bytes())
-	if c.table, err = newSlotTable(c.ctx, c.opts.MaxSlots, c.size); err != nil {
-		return err
-	}
-
-	desc, fd, err := c.arena.Describe()
-	if err != nil {
-		return err
-	}
-	if fd >= 0 {
-		// The exported VMM fd only travels to the peers; it is ours to close however init ends.
-		defer unix.Close(fd)
-	}
-	mine := rankInfo{rankFacts: rankFacts{PID: int64(os.Getpid()), Device: int64(ordinal), UUID: uuid,
-		SMs: int64(sms), BlocksPerSM: int64(c.kernels.maxBlocksPerSM), Major: int64(major),
+	mine := rankInfo{rankFacts: rankFacts{PID: int64(os.Getpid()), Device: int64(ordinal), UUID: uuid, Host: hostID(),
+		SMs: int64(sms), Major: int64(major),
 		Blocks: int64(c.opts.Blocks), PushBlocks: int64(c.opts.PushBlocks), ThreadsPerBlock: int64(c.opts.ThreadsPerBlock), MaxBytes: c.opts.MaxBytes,
-		PushMaxBytes: c.opts.PushMaxBytes, Algorithm: int64(c.opts.Algorithm), SystemScope: boolInt(c.opts.SystemScope)}, Arena: desc}
+		PushMaxBytes: c.opts.PushMaxBytes, Algorithm: int64(c.opts.Algorithm), SystemScope: boolInt(c.opts.SystemScope),
+		NCCL: int64(c.opts.NCCL)}}
+	fd := -1
+	if c.size >= 2 && c.size <= ptx.MaxRanks && !c.noCustom {
+		// This rank can run the custom kernels: its part is ready before the exchange, which
+		// carries the arena's handle.
+		if mine.Arena, fd, err = c.prepareCustom(major, minor); err != nil {
+			return err
+		}
+		if fd >= 0 {
+			// The exported VMM fd only travels to the peers; it is ours to close however init ends.
+			defer unix.Close(fd)
+		}
+		mine.Custom = 1
+		mine.BlocksPerSM = int64(c.kernels.maxBlocksPerSM)
+	}
 	blob, err := mine.marshal()
 	if err != nil {
 		return err
@@ -235,9 +241,108 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	if err := agree(infos, c.rank); err != nil {
 		return err
 	}
-	if err := c.checkPeerTopology(ctx, infos); err != nil {
+	c.custom, c.noCustomWhy = customEligible(infos)
+	if c.custom {
+		// Every rank takes part in the topology check, or none does: the facts are the same.
+		switch err := c.checkPeerTopology(ctx, infos); {
+		case errors.Is(err, ErrNotEligible) && c.opts.NCCL != NCCLOff:
+			c.custom, c.noCustomWhy = false, err.Error()
+		case err != nil:
+			return err
+		}
+	}
+	if c.custom {
+		if err := c.initCustom(ctx, infos, fd); err != nil {
+			return err
+		}
+	} else {
+		c.releaseCustom()
+	}
+	if err := c.initNCCL(ctx, infos); err != nil {
 		return err
 	}
+	if !c.custom && c.nccl == nil {
+		return fmt.Errorf("%w: goccl's kernels cannot serve this communicator (%s) and NCCL is not available (%s)", ErrNotEligible, c.noCustomWhy, c.ncclWhy)
+	}
+	if err := c.boot.Barrier(ctx); err != nil {
+		return fmt.Errorf("final barrier: %w", err)
+	}
+	return nil
+}
+
+// customEligible says whether the custom kernels can serve ranks with these facts, and why not.
+func customEligible(infos []rankInfo) (bool, string) {
+	if n := len(infos); n < 2 || n > ptx.MaxRanks {
+		return false, fmt.Sprintf("they take 2 to %d ranks, not %d", ptx.MaxRanks, n)
+	}
+	for r, ri := range infos {
+		switch {
+		case ri.Custom == 0:
+			return false, fmt.Sprintf("rank %d was created for NCCL only (its GPUs are not eligible)", r)
+		case ri.Host != infos[0].Host:
+			return false, fmt.Sprintf("rank %d runs on another host than rank 0", r)
+		}
+	}
+	return true, ""
+}
+
+// prepareCustom loads the kernels and allocates what this rank shares with its peers. It
+// returns what the peers need to map the arena: its descriptor and, for VMM, an exported file
+// descriptor the caller closes (else -1).
+func (c *Comm) prepareCustom(major, minor int) (desc memory.Descriptor, fd int, err error) {
+	fd = -1
+	target, err := ptx.TargetFor(major, minor)
+	if err != nil {
+		return desc, fd, err
+	}
+	if err := checkParams(c.size); err != nil {
+		return desc, fd, err
+	}
+	if c.kernels, err = acquireKernels(kernelKey{dev: c.dev, worldSize: c.size, target: target}); err != nil {
+		return desc, fd, err
+	}
+	// Once per process: where the driver takes a launch's context from its stream, every
+	// AllReduce then costs one driver call instead of two. A driver that does not is no
+	// error: launches keep binding the context.
+	_ = driver.ProbeStreamLaunch(c.ctx)
+
+	c.layout = newArenaLayout(c.opts, c.size)
+	if c.arena, err = memory.Alloc(c.ctx, c.layout.total, c.opts.IPC); err != nil {
+		return desc, fd, err
+	}
+	if c.errRec, err = c.ctx.AllocHost(ptx.ErrRecordBytes); err != nil {
+		return desc, fd, fmt.Errorf("error record: %w", err)
+	}
+	clear(c.errRec.Bytes())
+	if c.table, err = newSlotTable(c.ctx, c.opts.MaxSlots, c.size); err != nil {
+		return desc, fd, err
+	}
+	return c.arena.Describe()
+}
+
+// releaseCustom frees what prepareCustom made, for a communicator that NCCL alone serves.
+func (c *Comm) releaseCustom() {
+	if c.table != nil {
+		c.table.close()
+		c.table = nil
+	}
+	if c.errRec != nil {
+		c.errRec.Close()
+		c.errRec = nil
+	}
+	if c.arena != nil {
+		c.arena.Close()
+		c.arena = nil
+	}
+	if c.kernels != nil {
+		c.kernels.release()
+		c.kernels = nil
+	}
+}
+
+// initCustom maps the peers' arenas and sets the kernels' launch shape.
+func (c *Comm) initCustom(ctx context.Context, infos []rankInfo, fd int) error {
+	var err error
 	fds := make([][]int, c.size)
 	if c.opts.IPC == memory.VMM {
 		if fds, err = c.boot.AllGatherFDs(ctx, []int{fd}); err != nil {
@@ -251,7 +356,7 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	c.allLocal = true
 	for _, ri := range infos {
 		blocksPerSM, smsOnGPU = min(blocksPerSM, int(ri.BlocksPerSM)), min(smsOnGPU, int(ri.SMs))
-		c.allLocal = c.allLocal && ri.PID == mine.PID
+		c.allLocal = c.allLocal && ri.PID == infos[c.rank].PID
 		// The selection table must pick the same algorithm on every rank.
 		c.major = min(c.major, int(ri.Major))
 	}
@@ -275,7 +380,7 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	// PDL lets the next kernel launch before this one has finished: by default once this one
 	// is past its last wait on a peer, which is safe however the ranks share GPUs; earlier
 	// for the grids that earlyRoom allows (ptx.FlagEarlyTrigger).
-	c.pdl = major >= 9 && !c.opts.DisablePDL && driver.Has(driver.FeatureLaunchEx)
+	c.pdl = c.major >= 9 && !c.opts.DisablePDL && driver.Has(driver.FeatureLaunchEx)
 	c.earlyRoom = ptx.EarlyTriggerRoom(max(c.blocks, c.pushBlocks), smsOnGPU*blocksPerSM, maxOnGPU)
 	c.timeout = c.opts.timeoutNanos()
 
@@ -293,9 +398,6 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	}
 	if _, err := c.table.fill(staging); err != nil {
 		return err
-	}
-	if err := c.boot.Barrier(ctx); err != nil {
-		return fmt.Errorf("final barrier: %w", err)
 	}
 	return nil
 }

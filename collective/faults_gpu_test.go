@@ -17,7 +17,6 @@ import (
 	"github.com/goccl/goccl/collective"
 	"github.com/goccl/goccl/driver"
 	"github.com/goccl/goccl/dtype"
-	"github.com/goccl/goccl/ptx"
 )
 
 // TestRefuseForeignPointers: memory that is not device memory of the rank's device is refused
@@ -176,7 +175,7 @@ func TestCallMismatch(t *testing.T) {
 		{"dtype", side{4096, dtype.Float16}, side{4096, dtype.BFloat16}},
 		{"count, other grid", side{1 << 17, dtype.BFloat16}, side{1 << 18, dtype.BFloat16}},
 	}
-	for _, algo := range ptx.Algorithms {
+	for _, algo := range collective.Algorithms {
 		for _, tc := range cases {
 			if algo == collective.Push && tc.rest.count*tc.rest.dt.Size() > collective.DefaultPushMaxBytes {
 				continue
@@ -228,7 +227,7 @@ func TestAnyCount(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
 	for _, ws := range []int{2, 3} {
 		g := newGroup(t, virtualRanks(ws), collective.Options{Timeout: 5 * time.Second}, 4<<20)
-		for _, algo := range ptx.Algorithms {
+		for _, algo := range collective.Algorithms {
 			for _, dt := range dtype.All {
 				counts := []int{}
 				for n := 1; n <= 33; n++ {
@@ -422,7 +421,7 @@ func TestForeignStream(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(15, 16))
 	const nbytes = 256 << 10
-	for _, algo := range ptx.Algorithms {
+	for _, algo := range collective.Algorithms {
 		inputs := g.fill(rng, dtype.BFloat16, nbytes, false)
 		want, err := reference(algo, dtype.BFloat16, inputs)
 		require.NoError(t, err)

@@ -18,7 +18,6 @@ import (
 	"github.com/goccl/goccl/dtype"
 	"github.com/goccl/goccl/internal/gputest"
 	"github.com/goccl/goccl/internal/ref"
-	"github.com/goccl/goccl/ptx"
 )
 
 // requireGPU skips the test without a usable GPU (see internal/gputest).
@@ -153,7 +152,7 @@ func TestAllReduceVirtualRanks(t *testing.T) {
 	requireGPU(t)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, ws := range []int{2, 3, 4, 8, 16} {
-		for _, algo := range ptx.Algorithms {
+		for _, algo := range collective.Algorithms {
 			t.Run(fmt.Sprintf("ws%d/%v", ws, algo), func(t *testing.T) {
 				g := newGroup(t, virtualRanks(ws), collective.Options{Algorithm: algo, PushMaxBytes: 8 << 20, Timeout: 5 * time.Second}, 8<<20)
 				for _, dt := range dtype.All {
@@ -341,7 +340,7 @@ func TestAllReduceBackToBack(t *testing.T) {
 			// Auto selection: the result must equal the reference of one of the algorithms.
 			got := all[c.off : c.off+c.nbytes]
 			ok := false
-			for _, algo := range ptx.Algorithms {
+			for _, algo := range collective.Algorithms {
 				want, err := reference(algo, dt, c.inputs)
 				require.NoError(t, err)
 				if n, _ := ref.Compare(dt, want, got); n == 0 {
@@ -358,7 +357,7 @@ func TestAllReduceBackToBack(t *testing.T) {
 // report ErrTimeout naming the missing rank.
 func TestWatchdog(t *testing.T) {
 	requireGPU(t)
-	for _, algo := range ptx.Algorithms {
+	for _, algo := range collective.Algorithms {
 		t.Run(algo.String(), func(t *testing.T) {
 			const ws = 4
 			timeout := 300 * time.Millisecond
@@ -396,7 +395,7 @@ func TestWatchdog(t *testing.T) {
 // the timeout in turn, which would take queued x timeout.
 func TestWatchdogQueuedKernels(t *testing.T) {
 	requireGPU(t)
-	for _, algo := range ptx.Algorithms {
+	for _, algo := range collective.Algorithms {
 		t.Run(algo.String(), func(t *testing.T) {
 			const ws, queued = 4, 50
 			timeout := 200 * time.Millisecond

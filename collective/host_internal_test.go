@@ -112,7 +112,7 @@ func TestBarrierScope(t *testing.T) {
 				t.Errorf("SystemScope=%v: rank %d on sm_%d0: PDL %v, want %v", systemScope, c.rank, c.major, c.pdl, wantPDL)
 			}
 			// the barrier kernels follow the scope; push has no barrier and one kernel for both
-			for algo, scope := range map[Algorithm]ptx.Scope{OneShot: want, TwoShot: want, Push: ptx.ScopeSystem} {
+			for algo, scope := range map[ptx.Algorithm]ptx.Scope{ptx.OneShot: want, ptx.TwoShot: want, ptx.Push: ptx.ScopeSystem} {
 				spec := ptx.Spec{Algo: algo, DType: dtype.BFloat16, WorldSize: 3, Scope: scope}
 				if name := c.kernels.fn[c.scope][algo][dtype.BFloat16].Name(); name != spec.EntryName() {
 					t.Errorf("SystemScope=%v: rank %d launches %s for %v, want %s", systemScope, c.rank, name, algo, spec.EntryName())

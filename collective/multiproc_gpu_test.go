@@ -19,7 +19,6 @@ import (
 	"github.com/goccl/goccl/dtype"
 	"github.com/goccl/goccl/internal/ref"
 	"github.com/goccl/goccl/memory"
-	"github.com/goccl/goccl/ptx"
 )
 
 // envMPRank carries a TestMultiProcess child's rank; its presence marks the child.
@@ -119,7 +118,7 @@ func TestMultiProcessChild(t *testing.T) {
 	}
 
 	round := 0
-	for _, algo := range ptx.Algorithms {
+	for _, algo := range collective.Algorithms {
 		for _, dt := range dtype.All {
 			for _, nbytes := range []int{16, 1040 * dt.Size(), 256 << 10} {
 				round++

@@ -3,6 +3,7 @@ package collective
 import (
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/goccl/goccl/dtype"
@@ -20,17 +21,77 @@ const (
 	BFloat16 = dtype.BFloat16
 )
 
-// Algorithm names an all-reduce algorithm; Auto lets the selection table choose.
-type Algorithm = ptx.Algorithm
+// Algorithm names how an all-reduce is done: one of goccl's kernels, or NCCL. Auto lets the
+// selection table choose per call.
+type Algorithm int
 
 // Algorithms. OneShot reads every rank's input and reduces (two barriers); TwoShot does a
 // reduce-scatter then an all-gather (more bandwidth, one more hop); Push writes the input into
 // every rank's receive buffer and needs no barrier and no registered input (small messages).
+// NCCL hands the call to libnccl: sizes past MaxBytes, GPUs the kernels cannot serve, several
+// nodes (see Options.NCCL).
 const (
 	Auto    Algorithm = 0
-	OneShot           = ptx.OneShot
-	TwoShot           = ptx.TwoShot
-	Push              = ptx.Push
+	OneShot           = Algorithm(ptx.OneShot)
+	TwoShot           = Algorithm(ptx.TwoShot)
+	Push              = Algorithm(ptx.Push)
+	NCCL    Algorithm = 16
+)
+
+// Algorithms lists goccl's own kernels, in a fixed order.
+var Algorithms = []Algorithm{OneShot, TwoShot, Push}
+
+// String returns the name used by GOCCL_ALGO, flags and tables: "auto", "oneshot",
+// "twoshot", "push" or "nccl".
+func (a Algorithm) String() string {
+	switch a {
+	case Auto:
+		return "auto"
+	case NCCL:
+		return "nccl"
+	}
+	return ptx.Algorithm(a).String()
+}
+
+// kernel returns the kernel of a, or false for Auto and NCCL.
+func (a Algorithm) kernel() (ptx.Algorithm, bool) {
+	switch a {
+	case OneShot, TwoShot, Push:
+		return ptx.Algorithm(a), true
+	}
+	return 0, false
+}
+
+// ParseAlgorithm turns a name of String (any case) into an Algorithm.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	switch strings.ToLower(s) {
+	case "auto":
+		return Auto, nil
+	case "nccl":
+		return NCCL, nil
+	}
+	a, err := ptx.ParseAlgorithm(s)
+	if err != nil {
+		return 0, fmt.Errorf("unknown algorithm %q: use auto, oneshot, twoshot, push or nccl", s)
+	}
+	return Algorithm(a), nil
+}
+
+// NCCLMode says whether a communicator also drives NCCL, the engine for what goccl's kernels
+// cannot do or do worse: all-reduces past MaxBytes, GPUs without a working peer path or a full
+// NVLink mesh, ranks on several nodes.
+type NCCLMode int
+
+const (
+	// NCCLAuto initialises an NCCL communicator beside the kernels when every rank's process
+	// can load libnccl (package nccl says where it looks) and no two ranks of one host share
+	// a GPU (NCCL takes one rank per GPU of a host); without it everything the kernels can do
+	// still works, and a call only NCCL could take says why NCCL is missing.
+	NCCLAuto NCCLMode = iota
+	// NCCLOff never uses NCCL.
+	NCCLOff
+	// NCCLAlways requires NCCL: New fails when it cannot be initialised.
+	NCCLAlways
 )
 
 // Defaults of Options.
@@ -54,7 +115,7 @@ type Options struct {
 	// of receive buffers (2 or 3 parts).
 	PushMaxBytes int64
 	// Algorithm forces one algorithm for every call (default Auto: the selection table, or
-	// the GOCCL_ALGO environment variable: oneshot, twoshot or push).
+	// the GOCCL_ALGO environment variable: oneshot, twoshot, push or nccl).
 	Algorithm Algorithm
 	// Blocks is the number of thread blocks per rank for OneShot and TwoShot (default
 	// DefaultBlocks). It is capped by occupancy when several ranks share one GPU, since every
@@ -87,6 +148,8 @@ type Options struct {
 	// AllowNonNVLink lets NewGroup build a communicator over more than two GPUs that are not
 	// all linked by NVLink (correct, but usually slower than NCCL there).
 	AllowNonNVLink bool
+	// NCCL says whether the communicator also drives NCCL (default NCCLAuto).
+	NCCL NCCLMode
 }
 
 // withDefaults fills zero fields and validates the rest.
@@ -111,7 +174,7 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Algorithm == Auto {
 		if env := os.Getenv("GOCCL_ALGO"); env != "" && env != "auto" {
-			a, err := ptx.ParseAlgorithm(env)
+			a, err := ParseAlgorithm(env)
 			if err != nil {
 				return o, fmt.Errorf("%w: GOCCL_ALGO: %v", ErrInvalidArgument, err)
 			}
@@ -129,8 +192,12 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("%w: PushBlocks %d must be in [1, %d]", ErrInvalidArgument, o.PushBlocks, ptx.MaxBlocks)
 	case o.ThreadsPerBlock != 0 && (o.ThreadsPerBlock < MinThreadsPerBlock || o.ThreadsPerBlock > ptx.ThreadsPerBlock || o.ThreadsPerBlock%32 != 0):
 		return o, fmt.Errorf("%w: ThreadsPerBlock %d must be 0 (automatic) or a multiple of 32 in [%d, %d]", ErrInvalidArgument, o.ThreadsPerBlock, MinThreadsPerBlock, ptx.ThreadsPerBlock)
-	case o.Algorithm != Auto && o.Algorithm != OneShot && o.Algorithm != TwoShot && o.Algorithm != Push:
+	case o.Algorithm != Auto && o.Algorithm != OneShot && o.Algorithm != TwoShot && o.Algorithm != Push && o.Algorithm != NCCL:
 		return o, fmt.Errorf("%w: unknown algorithm %d", ErrInvalidArgument, int(o.Algorithm))
+	case o.Algorithm == NCCL && o.NCCL == NCCLOff:
+		return o, fmt.Errorf("%w: the NCCL algorithm with NCCLOff: allow NCCL or pick a kernel", ErrInvalidArgument)
+	case o.NCCL < NCCLAuto || o.NCCL > NCCLAlways:
+		return o, fmt.Errorf("%w: unknown NCCL mode %d: use NCCLAuto, NCCLOff or NCCLAlways", ErrInvalidArgument, int(o.NCCL))
 	case o.IPC != memory.LegacyIPC && o.IPC != memory.VMM:
 		return o, fmt.Errorf("%w: unknown IPC kind %d", ErrInvalidArgument, int(o.IPC))
 	case o.MaxSlots < 2:

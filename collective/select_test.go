@@ -1,6 +1,7 @@
 package collective
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -182,8 +183,8 @@ func TestKernelErrorMessages(t *testing.T) {
 	assert.Contains(t, u.Error(), "replayed before Capture")
 
 	m := &KernelError{Code: ptx.ErrCodeMismatch, Rank: 0, Peer: 1, Phase: ptx.PhaseEntry,
-		Mine:   ptx.Call{Op: ptx.OpAllReduce, Algo: TwoShot, DType: BFloat16, Count: 1024},
-		Theirs: ptx.Call{Op: ptx.OpAllReduce, Algo: TwoShot, DType: BFloat16, Count: 2048}}
+		Mine:   ptx.Call{Op: ptx.OpAllReduce, Algo: ptx.TwoShot, DType: BFloat16, Count: 1024},
+		Theirs: ptx.Call{Op: ptx.OpAllReduce, Algo: ptx.TwoShot, DType: BFloat16, Count: 2048}}
 	assert.ErrorIs(t, m, ErrCallMismatch)
 	assert.ErrorIs(t, m, ErrUnusable)
 	assert.NotErrorIs(t, m, ErrTimeout)
@@ -242,10 +243,9 @@ func TestValidate(t *testing.T) {
 		{"dtype", p, p, 8, 0, "unsupported element type"},
 		{"count", p, p, 0, BFloat16, "count 0"},
 		{"negative", p, p, -8, BFloat16, "count -8"},
-		{"too big", p, p, 1<<19 + 8, BFloat16, "more than MaxBytes"},
 		// count*2 wraps an int64 to a small size: refused, not reduced as 0 bytes
-		{"overflow", p, p, 1 << 62, BFloat16, "more than MaxBytes"},
-		{"overflow f32", p, p, 1<<62 + 1<<61, Float32, "more than MaxBytes"},
+		{"overflow", p, p, 1 << 62, BFloat16, "more bytes than an int64 holds"},
+		{"overflow f32", p, p, 1<<62 + 1<<61, Float32, "more bytes than an int64 holds"},
 		{"partial overlap", p + 16, p, 64, BFloat16, "overlap without being equal"},
 		{"partial overlap below", p, p + 8192, 1 << 17, BFloat16, "overlap without being equal"},
 		{"wraps", 0xFFFFFFFFFFFFFF00, p, 1 << 10, Float32, "wraps around the address space"},
@@ -275,3 +275,52 @@ func TestClosedAndFailedCommRefuseWork(t *testing.T) {
 }
 
 func driverPtr(p uintptr) driver.DevicePtr { return driver.DevicePtr(p) }
+
+// TestRoute: each call goes to the engine that can take it, and a call that none can take says
+// what is missing.
+func TestRoute(t *testing.T) {
+	o, err := Options{MaxBytes: 1 << 20}.withDefaults()
+	require.NoError(t, err)
+	kernelsOnly := &Comm{opts: o, size: 2, major: 9, custom: true, ncclWhy: "libnccl.so.2 not found"}
+	algo, err := kernelsOnly.route(Auto, 1<<20, false)
+	require.NoError(t, err)
+	assert.NotEqual(t, NCCL, algo)
+	_, err = kernelsOnly.route(Auto, 1<<20+16, false)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	assert.ErrorContains(t, err, "more than MaxBytes")
+	assert.ErrorContains(t, err, "libnccl.so.2 not found", "says why NCCL cannot take it")
+	_, err = kernelsOnly.route(NCCL, 16, false)
+	assert.ErrorContains(t, err, "needs NCCL")
+	_, err = kernelsOnly.route(Push, o.PushMaxBytes+16, false)
+	assert.ErrorContains(t, err, "PushMaxBytes")
+
+	both := &Comm{opts: o, size: 2, major: 9, custom: true, nccl: &ncclEngine{}}
+	for _, tc := range []struct {
+		bytes int64
+		want  Algorithm
+	}{{1 << 20, Algorithm(selectAlgorithm(9, 2, 1<<20, o.PushMaxBytes, false, false))}, {1<<20 + 16, NCCL}, {1 << 30, NCCL}} {
+		algo, err := both.route(Auto, tc.bytes, false)
+		require.NoError(t, err)
+		assert.Equal(t, tc.want, algo, "%d bytes", tc.bytes)
+		assert.Equal(t, tc.want, both.selected(tc.bytes, false))
+	}
+
+	ncclOnly := &Comm{opts: o, size: 2, nccl: &ncclEngine{}, noCustomWhy: "rank 1 runs on another host than rank 0"}
+	algo, err = ncclOnly.route(Auto, 64, false)
+	require.NoError(t, err)
+	assert.Equal(t, NCCL, algo)
+	_, err = ncclOnly.route(OneShot, 64, false)
+	assert.ErrorContains(t, err, "another host")
+}
+
+func TestParseAlgorithm(t *testing.T) {
+	for _, a := range append([]Algorithm{Auto, NCCL}, Algorithms...) {
+		got, err := ParseAlgorithm(strings.ToUpper(a.String()))
+		require.NoError(t, err)
+		assert.Equal(t, a, got)
+	}
+	_, err := ParseAlgorithm("ring")
+	assert.ErrorContains(t, err, "use auto, oneshot, twoshot, push or nccl")
+	_, err = Options{Algorithm: NCCL, NCCL: NCCLOff}.withDefaults()
+	assert.ErrorIs(t, err, ErrInvalidArgument)
+}

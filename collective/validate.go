@@ -18,9 +18,10 @@ func (c *Comm) validate(stream *driver.Stream, dst, src driver.DevicePtr, count 
 	if count <= 0 {
 		return 0, invalid("count %d: must be positive", count)
 	}
-	// Compare before multiplying: count*size may not fit an int64.
-	if int64(count) > c.opts.MaxBytes/int64(dt.Size()) {
-		return 0, invalid("%d elements of %v are more than MaxBytes (%d bytes): raise Options.MaxBytes or hand this size to NCCL", count, dt, c.opts.MaxBytes)
+	// Compare before multiplying: count*size may not fit an int64. (route checks the size
+	// against MaxBytes, which only the custom kernels have.)
+	if int64(count) > math.MaxInt64/int64(dt.Size()) {
+		return 0, invalid("%d elements of %v are more bytes than an int64 holds", count, dt)
 	}
 	nbytes := int64(count) * int64(dt.Size())
 	switch {

@@ -16,6 +16,8 @@ type rankFacts struct {
 	PID         int64
 	Device      int64 // CUDA ordinal in its process
 	UUID        [16]byte
+	Host        [16]byte // hostID: ranks on other hosts cannot map each other's memory
+	Custom      int64    // 1 when the rank prepared the custom kernels (arena, kernels)
 	SMs         int64
 	BlocksPerSM int64
 	Major       int64 // compute capability
@@ -24,6 +26,7 @@ type rankFacts struct {
 	// SystemScope is 1 when the rank was created with Options.SystemScope: the scope picks the
 	// barrier protocol, which every rank must share.
 	SystemScope int64
+	NCCL        int64 // Options.NCCL
 }
 
 // rankInfo is what every rank tells the others at init.
@@ -60,14 +63,14 @@ func unmarshalRankInfo(p []byte) (rankInfo, error) {
 // agree checks that every rank passed the same options: different grids or buffer sizes would
 // make the kernels wait for blocks that never come, or read past buffers.
 func agree(infos []rankInfo, me int) error {
-	type agreed struct{ Blocks, PushBlocks, ThreadsPerBlock, MaxBytes, PushMaxBytes, Algorithm, SystemScope int64 }
+	type agreed struct{ Blocks, PushBlocks, ThreadsPerBlock, MaxBytes, PushMaxBytes, Algorithm, SystemScope, NCCL int64 }
 	pick := func(f rankFacts) agreed {
-		return agreed{f.Blocks, f.PushBlocks, f.ThreadsPerBlock, f.MaxBytes, f.PushMaxBytes, f.Algorithm, f.SystemScope}
+		return agreed{f.Blocks, f.PushBlocks, f.ThreadsPerBlock, f.MaxBytes, f.PushMaxBytes, f.Algorithm, f.SystemScope, f.NCCL}
 	}
 	mine := pick(infos[me].rankFacts)
 	for r, ri := range infos {
 		if pick(ri.rankFacts) != mine {
-			return invalid("rank %d was created with different options (Blocks, PushBlocks, ThreadsPerBlock, MaxBytes, PushMaxBytes, Algorithm, SystemScope) than rank %d: all ranks must pass the same", r, me)
+			return invalid("rank %d was created with different options (Blocks, PushBlocks, ThreadsPerBlock, MaxBytes, PushMaxBytes, Algorithm, SystemScope, NCCL) than rank %d: all ranks must pass the same", r, me)
 		}
 	}
 	return nil

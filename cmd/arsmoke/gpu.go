@@ -18,7 +18,6 @@ import (
 	"github.com/goccl/goccl/driver"
 	"github.com/goccl/goccl/internal/ref"
 	"github.com/goccl/goccl/internal/topology"
-	"github.com/goccl/goccl/ptx"
 )
 
 // errNoDriver is the error countDevices wraps when libcuda.so.1 cannot be loaded;
@@ -167,13 +166,9 @@ func (e *gpuEngine) Describe() Header { return e.header }
 
 // Run checks one case (if asked) and then times it.
 func (e *gpuEngine) Run(ctx context.Context, c Case) (Measurement, error) {
-	algo := collective.Auto
-	if c.Algo != "auto" {
-		a, err := ptx.ParseAlgorithm(c.Algo)
-		if err != nil {
-			return Measurement{}, err
-		}
-		algo = a
+	algo, err := collective.ParseAlgorithm(c.Algo)
+	if err != nil {
+		return Measurement{}, err
 	}
 	count := int(c.Bytes) / c.DType.Size()
 	var m Measurement

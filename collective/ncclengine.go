@@ -1,0 +1,279 @@
+package collective
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/goccl/goccl/driver"
+	"github.com/goccl/goccl/nccl"
+)
+
+// hostID tells hosts apart: ranks on different hosts cannot map each other's memory, so only
+// NCCL serves them. It is NCCL_HOSTID where set (the variable NCCL itself reads for this,
+// which lets processes on one machine stand for several hosts), else the kernel's boot id,
+// else the host name.
+func hostID() [16]byte {
+	id := os.Getenv("NCCL_HOSTID")
+	if id == "" {
+		if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
+			id = "boot:" + strings.TrimSpace(string(b))
+		} else if name, err := os.Hostname(); err == nil {
+			id = "host:" + name
+		}
+	} else {
+		id = "nccl:" + id
+	}
+	sum := sha256.Sum256([]byte(id))
+	var out [16]byte
+	copy(out[:], sum[:])
+	return out
+}
+
+// ncclEngine is the NCCL communicator of a Comm and the watchdog that aborts it when a call
+// does not complete within Options.Timeout.
+type ncclEngine struct {
+	comm    *nccl.Comm
+	ctx     *driver.Context
+	timeout time.Duration // 0: calls may take forever
+
+	mu      sync.Mutex
+	pending []pendingCall   // calls not yet seen complete, oldest first
+	spare   []*driver.Event // events of completed calls, for reuse
+	err     error           // the first failure: an asynchronous NCCL error or a timeout
+
+	stop, done chan struct{}
+}
+
+type pendingCall struct {
+	ev    *driver.Event
+	since time.Time
+}
+
+// ncclDataType maps the element types onto NCCL's.
+func ncclDataType(dt DType) nccl.DataType {
+	switch dt {
+	case Float16:
+		return nccl.Float16
+	case BFloat16:
+		return nccl.BFloat16
+	}
+	return nccl.Float32
+}
+
+// initNCCL initialises the NCCL communicator beside the kernels (Options.NCCL). Every rank
+// takes the same steps, and the ranks agree on each outcome, so that either every rank has
+// NCCL or none has.
+func (c *Comm) initNCCL(ctx context.Context, infos []rankInfo) error {
+	mode := c.opts.NCCL
+	if mode == NCCLOff {
+		c.ncclWhy = "Options.NCCL is NCCLOff"
+		return nil
+	}
+	if mode == NCCLAuto && sharesGPUOnHost(infos) {
+		c.ncclWhy = "ranks of one host share a GPU, and NCCL takes one rank per GPU of a host"
+		return nil
+	}
+	// Can every rank load libnccl? Rank 0 also makes the unique id.
+	failure := nccl.Load()
+	var id nccl.UniqueID
+	if failure == nil && c.rank == 0 {
+		id, failure = nccl.GetUniqueID()
+	}
+	blobs, err := c.boot.AllGather(ctx, withStatus(id[:], failure))
+	if err != nil {
+		return fmt.Errorf("exchange the NCCL unique id: %w", err)
+	}
+	payloads, refused := splitStatus(blobs)
+	if refused != nil {
+		return c.noNCCL(mode, "libnccl is not usable by every rank: "+refused.Error())
+	}
+	if len(payloads[0]) != len(id) {
+		return fmt.Errorf("NCCL unique id of %d bytes from rank 0, want %d (do all ranks run the same goccl version?)", len(payloads[0]), len(id))
+	}
+	copy(id[:], payloads[0])
+	cfg := &nccl.Config{Bind: func() error { _, _, err := c.ctx.MemInfo(); return err }}
+	if c.opts.Timeout > 0 {
+		cfg.OpTimeout = c.opts.Timeout
+	}
+	comm, initErr := nccl.InitRank(ctx, id, c.size, c.rank, cfg)
+	blobs, err = c.boot.AllGather(ctx, withStatus(nil, initErr))
+	if err == nil {
+		_, err = splitStatus(blobs)
+	}
+	if err != nil {
+		if comm != nil {
+			comm.Abort()
+		}
+		return c.noNCCL(mode, "NCCL init failed: "+err.Error())
+	}
+	c.nccl = &ncclEngine{comm: comm, ctx: c.ctx, stop: make(chan struct{}), done: make(chan struct{})}
+	if c.opts.Timeout > 0 {
+		c.nccl.timeout = c.opts.Timeout
+	}
+	go c.nccl.watch()
+	return nil
+}
+
+// noNCCL records why there is no NCCL, which is an error only with NCCLAlways.
+func (c *Comm) noNCCL(mode NCCLMode, why string) error {
+	c.ncclWhy = why
+	if mode == NCCLAlways {
+		return fmt.Errorf("Options.NCCL is NCCLAlways, but %s", why)
+	}
+	return nil
+}
+
+// sharesGPUOnHost reports whether two ranks of one host run on one GPU.
+func sharesGPUOnHost(infos []rankInfo) bool {
+	type gpu struct{ host, uuid [16]byte }
+	seen := map[gpu]bool{}
+	for _, ri := range infos {
+		k := gpu{ri.Host, ri.UUID}
+		if seen[k] {
+			return true
+		}
+		seen[k] = true
+	}
+	return false
+}
+
+// allReduce hands one all-reduce to NCCL and lets the watchdog follow it.
+func (c *Comm) ncclAllReduce(stream *driver.Stream, dst, src driver.DevicePtr, count int, dt DType) error {
+	e := c.nccl
+	if err := e.comm.AllReduce(uint64(src), uint64(dst), uint64(count), ncclDataType(dt), nccl.Sum, stream.Handle()); err != nil {
+		e.fail(err)
+		return c.usable()
+	}
+	capturing, err := stream.IsCapturing()
+	if err != nil {
+		return c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
+	}
+	if capturing {
+		return nil // runs when the caller's graph does
+	}
+	if err := e.note(stream); err != nil {
+		return c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
+	}
+	if err := c.work.note(stream); err != nil {
+		return c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
+	}
+	return nil
+}
+
+// note records an event after the call just queued on stream.
+func (e *ncclEngine) note(stream *driver.Stream) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var ev *driver.Event
+	if n := len(e.spare); n > 0 {
+		ev, e.spare = e.spare[n-1], e.spare[:n-1]
+	} else {
+		var err error
+		if ev, err = e.ctx.NewEvent(false); err != nil {
+			return fmt.Errorf("event to follow an NCCL call: %w", err)
+		}
+	}
+	if err := ev.Record(stream); err != nil {
+		ev.Close()
+		return err
+	}
+	e.pending = append(e.pending, pendingCall{ev: ev, since: time.Now()})
+	return nil
+}
+
+// watch checks the calls in flight and NCCL's asynchronous error until close.
+func (e *ncclEngine) watch() {
+	defer close(e.done)
+	period := 10 * time.Millisecond
+	if e.timeout > 0 {
+		period = min(period, max(time.Millisecond, e.timeout/20))
+	}
+	tick := time.NewTicker(period)
+	defer tick.Stop()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-tick.C:
+			e.check()
+		}
+	}
+}
+
+// check retires completed calls, aborts the communicator when the oldest call has taken longer
+// than the timeout, and picks up NCCL's asynchronous error.
+func (e *ncclEngine) check() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.err != nil {
+		return
+	}
+	for len(e.pending) > 0 {
+		p := e.pending[0]
+		done, err := p.ev.Query()
+		if err != nil {
+			e.failLocked(err)
+			return
+		}
+		if !done {
+			if e.timeout > 0 && time.Since(p.since) > e.timeout {
+				e.failLocked(fmt.Errorf("%w: an all-reduce handed to NCCL %v ago has not completed (a peer missing, stuck or dead?); the NCCL communicator was aborted", ErrTimeout, time.Since(p.since).Round(time.Millisecond)))
+				e.comm.Abort()
+			}
+			break
+		}
+		e.spare = append(e.spare, p.ev)
+		e.pending = e.pending[1:]
+	}
+	if err := e.comm.AsyncError(); err != nil && !errors.Is(err, nccl.ErrInProgress) && !errors.Is(err, nccl.ErrClosed) {
+		e.failLocked(err)
+	}
+}
+
+func (e *ncclEngine) fail(err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.failLocked(err)
+}
+
+func (e *ncclEngine) failLocked(err error) {
+	if e.err == nil {
+		e.err = fmt.Errorf("%w: NCCL: %w", ErrUnusable, err)
+	}
+}
+
+// failure returns the engine's first failure, or nil.
+func (e *ncclEngine) failure() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.err
+}
+
+// close stops the watchdog and frees the NCCL communicator: Destroy once its work is done,
+// bounded by ctx, else Abort.
+func (e *ncclEngine) close(ctx context.Context) error {
+	close(e.stop)
+	<-e.done
+	var err error
+	if e.failure() != nil {
+		err = e.comm.Abort()
+	} else {
+		err = e.comm.Destroy(ctx)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, p := range e.pending {
+		p.ev.Close()
+	}
+	for _, ev := range e.spare {
+		ev.Close()
+	}
+	e.pending, e.spare = nil, nil
+	return err
+}
