@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"math"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -473,4 +474,41 @@ func BenchmarkAllReduceFake(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// TestAbortEndsWait: Abort from another goroutine ends a WaitReady in progress, and the
+// communicator is not polled once freed.
+func TestAbortEndsWait(t *testing.T) {
+	f := newFake(t)
+	c := f.comm(t, nil)
+	f.ctl(cAsyncPending, -1)
+	done := make(chan error, 1)
+	go func() { done <- c.WaitReady(context.Background()) }()
+	for f.rec(rAsyncCalls) < 3 {
+		time.Sleep(time.Millisecond)
+	}
+	// Queries from other goroutines meanwhile are fine.
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 50 {
+				_ = c.AsyncError()
+				_, _ = c.Rank()
+			}
+		}()
+	}
+	require.NoError(t, c.Abort())
+	wg.Wait()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, ErrClosed)
+	case <-time.After(5 * time.Second):
+		t.Fatal("WaitReady still polling after Abort")
+	}
+	polls := f.rec(rAsyncCalls)
+	time.Sleep(10 * time.Millisecond)
+	assert.Equal(t, polls, f.rec(rAsyncCalls), "no poll of the freed communicator")
+	assert.Equal(t, uint64(1), f.rec(rAbortCalls))
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -35,8 +36,9 @@ type Config struct {
 	// communicator's device from the CUDA runtime's current device of the thread that calls
 	// ncclCommInitRank. The init functions call it on that thread, with the goroutine locked
 	// to it, right before the call. nil leaves the thread as it is (with no context current,
-	// NCCL uses device 0). With package driver: make the device's context current with any
-	// call of the Context, e.g. func() error { return ctx.Synchronize() }.
+	// NCCL uses device 0). With package driver, a method of the rank's Context called inside
+	// Bind leaves that context current on the thread, e.g. func() error { _, _, err :=
+	// ctx.MemInfo(); return err }.
 	Bind func() error
 }
 
@@ -45,13 +47,20 @@ type Config struct {
 //
 // Safe use: one goroutine at a time issues the collectives of a Comm (NCCL orders a
 // communicator's operations by call order, and every rank must issue them in the same order).
-// Abort, AsyncError and WaitReady may be called from any goroutine at any time; Abort in
-// particular is how another goroutine ends a call that waits for a peer. Calls that start
-// after Destroy or Abort fail with ErrClosed; one racing with Destroy may reach NCCL after the
-// communicator is freed, so Destroy must not run alongside other calls.
+// Abort, AsyncError, WaitReady and the queries (Count, Device, Rank) may be called from any
+// goroutine at any time. Abort in particular is how another goroutine ends a call that waits
+// for a peer: NCCL's abort flag stops the call, and the waits of this package stop polling a
+// communicator once it is aborted. Calls that start after Destroy or Abort fail with
+// ErrClosed; a collective that starts while Abort runs may reach NCCL after the communicator
+// is freed, so stop issuing work before aborting, and never run Destroy alongside other calls.
 type Comm struct {
-	lib       *library
-	handle    atomic.Uintptr // ncclComm_t; 0 once destroyed or aborted
+	lib    *library
+	handle atomic.Uintptr // ncclComm_t; 0 once destroyed or aborted
+	// mu is held across the short calls that must not meet a freed communicator (the state
+	// poll and the queries), and by Abort and Destroy while they retire the handle. The calls
+	// that can wait for peers (collectives, finalize) never hold it, so Abort never waits
+	// for them.
+	mu        sync.Mutex
 	nranks    int
 	rank      int
 	blocking  bool
@@ -255,7 +264,7 @@ func (c *Comm) settle(op string, r Result, h uintptr) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.opTimeout)
 	defer cancel()
-	if err := c.waitReady(ctx, h); err != nil {
+	if err := c.waitReady(ctx); err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
 	return nil
@@ -266,7 +275,9 @@ func (c *Comm) settle(op string, r Result, h uintptr) error {
 // several communicators of one process, or the inits of several ranks from one goroutine.
 // ncclGroupEnd runs even when fn fails. comms are the communicators that fn uses: when
 // ncclGroupEnd answers ncclInProgress (non-blocking communicators), Group waits for each of
-// them, up to its OpTimeout. Group calls may nest.
+// them, up to its OpTimeout; without comms, that answer comes back as an error matching
+// ErrInProgress, and the caller must WaitReady on each communicator before using it again.
+// Group calls may nest.
 func Group(fn func() error, comms ...*Comm) error {
 	l, err := load()
 	if err != nil {
@@ -303,26 +314,19 @@ func Group(fn func() error, comms ...*Comm) error {
 // first, aborts the communicator and returns an error matching ctx.Err() (and ErrTimeout for
 // a deadline).
 func (c *Comm) WaitReady(ctx context.Context) error {
-	h, err := c.live("ncclCommGetAsyncError")
-	if err != nil {
+	if _, err := c.live("ncclCommGetAsyncError"); err != nil {
 		return err
 	}
-	return c.waitReady(ctx, h)
+	return c.waitReady(ctx)
 }
 
-func (c *Comm) waitReady(ctx context.Context, h uintptr) error {
+func (c *Comm) waitReady(ctx context.Context) error {
 	const minDelay, maxDelay = 20 * time.Microsecond, 2 * time.Millisecond
 	delay := minDelay
 	var timer *time.Timer
 	for {
-		state, err := c.asyncState(h)
-		switch {
-		case err != nil:
+		if err := c.asyncError(); err == nil || !errors.Is(err, ErrInProgress) {
 			return err
-		case state == 0:
-			return nil
-		case state != ErrInProgress:
-			return fmt.Errorf("rank %d of %d: %w", c.rank, c.nranks, c.lib.newError("ncclCommGetAsyncError", state, h))
 		}
 		if timer == nil {
 			timer = time.NewTimer(delay)
@@ -353,13 +357,29 @@ func (c *Comm) abortAfterWait(cause error) error {
 	return fmt.Errorf("%s: %w", what, cause)
 }
 
-// asyncState returns the communicator's state (ncclCommGetAsyncError).
-func (c *Comm) asyncState(h uintptr) (Result, error) {
-	var state int32
-	if err := c.lib.call("ncclCommGetAsyncError", c.lib.commGetAsyncError, h, h, uintptr(unsafe.Pointer(&state))); err != nil {
-		return 0, fmt.Errorf("rank %d of %d: %w", c.rank, c.nranks, err)
+// asyncError polls the communicator's state once (ncclCommGetAsyncError) and turns it into
+// an error; see AsyncError.
+func (c *Comm) asyncError() error {
+	if c == nil {
+		_, err := c.live("ncclCommGetAsyncError")
+		return err
 	}
-	return Result(state), nil
+	runtime.LockOSThread() // the state's last error is read on the calling thread
+	defer runtime.UnlockOSThread()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h, err := c.live("ncclCommGetAsyncError")
+	if err != nil {
+		return err
+	}
+	var state int32
+	if r := raw(c.lib.commGetAsyncError, h, uintptr(unsafe.Pointer(&state))); r != 0 {
+		return fmt.Errorf("rank %d of %d: %w", c.rank, c.nranks, c.lib.newError("ncclCommGetAsyncError", r, h))
+	}
+	if state == 0 {
+		return nil
+	}
+	return fmt.Errorf("rank %d of %d: %w", c.rank, c.nranks, c.lib.newError("ncclCommGetAsyncError", Result(state), h))
 }
 
 // AsyncError reports the communicator's state once (ncclCommGetAsyncError): nil when it is
@@ -367,19 +387,7 @@ func (c *Comm) asyncState(h uintptr) (Result, error) {
 // otherwise the asynchronous error (a peer that failed, a network error: ErrRemoteError,
 // ErrSystemError, ...) after which the communicator is only good for Abort. It is safe from
 // any goroutine, and cheap enough for a watchdog to poll.
-func (c *Comm) AsyncError() error {
-	h, err := c.live("ncclCommGetAsyncError")
-	if err != nil {
-		return err
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	state, err := c.asyncState(h)
-	if err != nil || state == 0 {
-		return err
-	}
-	return fmt.Errorf("rank %d of %d: %w", c.rank, c.nranks, c.lib.newError("ncclCommGetAsyncError", state, h))
-}
+func (c *Comm) AsyncError() error { return c.asyncError() }
 
 // Abort stops the communicator at once and frees it (ncclCommAbort): work in flight is
 // dropped and the peers see an error. It is safe from any goroutine, also while another one
@@ -388,7 +396,9 @@ func (c *Comm) Abort() error {
 	if c == nil {
 		return nil
 	}
+	c.mu.Lock() // a poll or query in progress finishes before the handle is freed
 	h := c.handle.Swap(0)
+	c.mu.Unlock()
 	if h == 0 {
 		return nil
 	}
@@ -400,8 +410,10 @@ func (c *Comm) Abort() error {
 
 // Destroy frees the communicator once the work queued on it is done: ncclCommFinalize (where
 // libnccl has it), waiting for it up to ctx's end, then ncclCommDestroy. When ctx ends first
-// or finalize fails, the communicator is aborted instead. Calling it again (or after Abort)
-// does nothing. It must not run alongside other calls of c but Abort.
+// or finalize fails, the communicator is aborted instead. ctx bounds the wait of a
+// non-blocking communicator only: a blocking one finalizes inside NCCL, as long as its peers
+// take. Calling it again (or after Abort) does nothing. It must not run alongside other calls
+// of c but Abort.
 func (c *Comm) Destroy(ctx context.Context) error {
 	if c == nil {
 		return nil
@@ -416,16 +428,22 @@ func (c *Comm) Destroy(ctx context.Context) error {
 		var err error
 		switch {
 		case r == ErrInProgress && !c.blocking:
-			err = c.waitReady(ctx, h)
+			err = c.waitReady(ctx)
 		case r != 0:
 			err = c.lib.newError("ncclCommFinalize", r, h)
 		}
 		runtime.UnlockOSThread()
+		if errors.Is(err, ErrClosed) {
+			return nil // aborted meanwhile, which freed it
+		}
 		if err != nil {
 			return errors.Join(fmt.Errorf("destroy NCCL rank %d of %d: finalize: %w", c.rank, c.nranks, err), c.Abort())
 		}
 	}
-	if !c.handle.CompareAndSwap(h, 0) {
+	c.mu.Lock()
+	retired := c.handle.CompareAndSwap(h, 0)
+	c.mu.Unlock()
+	if !retired {
 		return nil // aborted meanwhile, which freed it
 	}
 	if err := c.lib.call("ncclCommDestroy", c.lib.commDestroy, h, h); err != nil {
@@ -451,6 +469,12 @@ func (c *Comm) Rank() (int, error) {
 
 // queryInt calls one of the queries of the form fn(comm, int*), fn picked from c's library.
 func (c *Comm) queryInt(op string, pick func(*library) uintptr) (int, error) {
+	if c == nil {
+		_, err := c.live(op)
+		return 0, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	h, err := c.live(op)
 	if err != nil {
 		return 0, err

@@ -60,9 +60,12 @@ func primaryContext() (*driver.Context, error) {
 }
 
 // bindTo is a Config.Bind that makes c current on the calling thread: every method of package
-// driver leaves its context current on the thread it ran on.
+// driver leaves its context current on the thread it ran on, and MemInfo is a cheap one.
 func bindTo(c *driver.Context) func() error {
-	return func() error { return c.Synchronize() }
+	return func() error {
+		_, _, err := c.MemInfo()
+		return err
+	}
 }
 
 // f32Bytes encodes v as little-endian float32s.
@@ -234,9 +237,17 @@ func TestGPUAbortWaitingInit(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	start := time.Now()
-	_, err = InitRank(ctx, id, 2, 0, &Config{Bind: bindTo(c)})
+	done := make(chan error, 1)
+	go func() {
+		_, err := InitRank(ctx, id, 2, 0, &Config{Bind: bindTo(c)})
+		done <- err
+	}()
+	select {
+	case err = <-done:
+	case <-time.After(gpuTimeout):
+		t.Fatalf("InitRank did not return %v after its context ended: ncclCommAbort hangs", gpuTimeout)
+	}
 	require.ErrorIs(t, err, ErrTimeout)
-	assert.Less(t, time.Since(start), 30*time.Second)
 	t.Logf("init without the peer: %v (after %v)", err, time.Since(start).Round(time.Millisecond))
 }
 
@@ -324,7 +335,13 @@ func runChild(role string) error {
 	if err != nil {
 		return err
 	}
-	for _, op := range []RedOp{Sum, Avg, Max, Min} {
+	ops := []RedOp{Sum, Max, Min}
+	if nranks&(nranks-1) == 0 {
+		// NCCL averages floats by multiplying each input by 1/nranks before the sum: exact
+		// for the test's small integers only when 1/nranks is.
+		ops = append(ops, Avg)
+	}
+	for _, op := range ops {
 		for _, n := range []int{1, 1000, 1<<20 + 3} {
 			if err := allReduceCheck(c, comm, rank, nranks, n, op, n%2 == 1); err != nil {
 				return errors.Join(err, comm.Abort())
