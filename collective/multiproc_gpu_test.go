@@ -3,6 +3,8 @@ package collective_test
 import (
 	"bytes"
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -34,12 +36,14 @@ func TestMultiProcess(t *testing.T) {
 	for _, kind := range []memory.Kind{memory.LegacyIPC, memory.VMM} {
 		t.Run(kind.String(), func(t *testing.T) {
 			sock := filepath.Join(t.TempDir(), "boot.sock")
+			token := make([]byte, 16)
+			crand.Read(token)
 			cmds := make([]*exec.Cmd, procs)
 			outs := make([]*bytes.Buffer, procs)
 			for r := range procs {
 				cmd := exec.Command(os.Args[0], "-test.run=^TestMultiProcessChild$", "-test.v")
 				cmd.Env = append(childEnv(), envMPRank+"="+strconv.Itoa(r), "GOCCL_MP_SIZE="+strconv.Itoa(procs),
-					"GOCCL_MP_SOCK="+sock, "GOCCL_MP_KIND="+strconv.Itoa(int(kind)))
+					"GOCCL_MP_SOCK="+sock, "GOCCL_MP_KIND="+strconv.Itoa(int(kind)), bootstrap.TokenEnv+"="+hex.EncodeToString(token))
 				outs[r] = &bytes.Buffer{}
 				cmd.Stdout, cmd.Stderr = outs[r], outs[r]
 				require.NoError(t, cmd.Start())

@@ -1,0 +1,223 @@
+package collective_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"math"
+	mrand "math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/collective"
+	"github.com/goccl/goccl/collective/bootstrap"
+	"github.com/goccl/goccl/dtype"
+	"github.com/goccl/goccl/internal/ref"
+	"github.com/goccl/goccl/nccl"
+)
+
+// requireNCCL skips without a usable GPU or libnccl.
+func requireNCCL(t *testing.T) {
+	t.Helper()
+	requireGPU(t)
+	if err := nccl.Load(); err != nil {
+		t.Skipf("no usable libnccl: %v", err)
+	}
+}
+
+// TestNCCLOneRank: a communicator of one rank has no kernels to run, and NCCL serves it.
+func TestNCCLOneRank(t *testing.T) {
+	requireNCCL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	boots, err := bootstrap.NewInProcess(1)
+	require.NoError(t, err)
+	comm, err := collective.New(ctx, 0, boots[0], collective.Options{NCCL: collective.NCCLAlways})
+	require.NoError(t, err)
+	defer comm.Close()
+	require.Equal(t, collective.NCCL, comm.Selected(16, false))
+	dev := comm.Context()
+	stream, err := dev.NewStream()
+	require.NoError(t, err)
+	defer stream.Close()
+	const nbytes = 1 << 20
+	in, err := dev.Alloc(nbytes)
+	require.NoError(t, err)
+	defer dev.Free(in)
+	out, err := dev.Alloc(nbytes)
+	require.NoError(t, err)
+	defer dev.Free(out)
+	want := ref.Random(mrand.New(mrand.NewPCG(1, 2)), dtype.Float32, nbytes)
+	require.NoError(t, dev.CopyHtoD(in, want))
+	require.NoError(t, comm.AllReduce(stream, out, in, nbytes/4, dtype.Float32))
+	require.NoError(t, stream.Synchronize())
+	require.NoError(t, comm.Err())
+	got := make([]byte, nbytes)
+	require.NoError(t, dev.CopyDtoH(got, out))
+	require.Equal(t, want, got, "one rank's sum is its input")
+}
+
+// NCCL job children: their rank in GOCCL_NCCL_RANK; what to do in GOCCL_NCCL_MODE.
+const (
+	envNCCLRank = "GOCCL_NCCL_RANK"
+	envNCCLMode = "GOCCL_NCCL_MODE"
+)
+
+// TestNCCLMultiNode runs 2 and 4 processes on GPU 0 as if on as many hosts (each its own
+// NCCL_HOSTID, NCCL over its socket transport on lo), joined through FromEnv's several-node
+// path (TCP bootstrap): every call goes to NCCL, every element type, sizes up to 64 MiB. Then
+// a rank that dies before its all-reduce makes the others fail within twice Options.Timeout.
+func TestNCCLMultiNode(t *testing.T) {
+	requireNCCL(t)
+	for _, procs := range []int{2, 4} {
+		for _, mode := range []string{"sums", "killed"} {
+			t.Run(fmt.Sprintf("%d/%s", procs, mode), func(t *testing.T) {
+				runNCCLJob(t, procs, mode)
+			})
+		}
+	}
+}
+
+func runNCCLJob(t *testing.T, procs int, mode string) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	token := make([]byte, 16)
+	rand.Read(token)
+	cmds := make([]*exec.Cmd, procs)
+	outs := make([]*bytes.Buffer, procs)
+	for r := range procs {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestNCCLMultiNodeChild$", "-test.v")
+		cmd.Env = append(childEnv(), envNCCLRank+"="+strconv.Itoa(r), envNCCLMode+"="+mode,
+			"RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(procs), "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1",
+			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port), bootstrap.AddrEnv+"=127.0.0.1:"+strconv.Itoa(port),
+			bootstrap.TokenEnv+"="+hex.EncodeToString(token),
+			"NCCL_HOSTID=goccl-test-host-"+strconv.Itoa(r), "NCCL_SOCKET_IFNAME=lo")
+		outs[r] = &bytes.Buffer{}
+		cmd.Stdout, cmd.Stderr = outs[r], outs[r]
+		require.NoError(t, cmd.Start())
+		cmds[r] = cmd
+	}
+	timer := time.AfterFunc(4*time.Minute, func() {
+		for _, c := range cmds {
+			c.Process.Kill()
+		}
+	})
+	defer timer.Stop()
+	for r, c := range cmds {
+		err := c.Wait()
+		if mode == "killed" && r == procs-1 {
+			continue // the rank that dies
+		}
+		require.NoError(t, err, "rank %d failed:\n%s", r, outs[r])
+		require.Contains(t, outs[r].String(), "nccl rank ok", "rank %d:\n%s", r, outs[r])
+	}
+	t.Logf("rank 0 output:\n%s", outs[0])
+}
+
+// TestNCCLMultiNodeChild is one rank of TestNCCLMultiNode; it does nothing unless started by
+// it.
+func TestNCCLMultiNodeChild(t *testing.T) {
+	rankStr := os.Getenv(envNCCLRank)
+	if rankStr == "" {
+		t.Skip("run by TestNCCLMultiNode")
+	}
+	rank, _ := strconv.Atoi(rankStr)
+	size, _ := strconv.Atoi(os.Getenv("WORLD_SIZE"))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	boot, err := bootstrap.FromEnv(ctx)
+	require.NoError(t, err)
+	const timeout = 5 * time.Second
+	comm, err := collective.New(ctx, 0, boot, collective.Options{NCCL: collective.NCCLAlways, Timeout: timeout})
+	require.NoError(t, err)
+	defer comm.Close()
+	require.Equal(t, collective.NCCL, comm.Selected(16, false), "ranks on several hosts: NCCL serves every call")
+	dev := comm.Context()
+	stream, err := dev.NewStream()
+	require.NoError(t, err)
+	defer stream.Close()
+	const capacity = 64 << 20
+	in, err := dev.Alloc(capacity)
+	require.NoError(t, err)
+	defer dev.Free(in)
+	out, err := dev.Alloc(capacity)
+	require.NoError(t, err)
+	defer dev.Free(out)
+
+	if os.Getenv(envNCCLMode) == "killed" {
+		if rank == size-1 {
+			os.Exit(3) // dies before its all-reduce
+		}
+		start := time.Now()
+		require.NoError(t, comm.AllReduce(stream, out, in, 1<<20, dtype.BFloat16))
+		wctx, wcancel := context.WithTimeout(context.Background(), 2*timeout+5*time.Second)
+		defer wcancel()
+		waitErr := stream.Wait(wctx)
+		var err error
+		for err == nil && time.Since(start) < 2*timeout {
+			time.Sleep(50 * time.Millisecond)
+			err = comm.Err()
+		}
+		require.Error(t, err, "a dead peer must be reported within twice the timeout (stream wait: %v)", waitErr)
+		require.ErrorIs(t, err, collective.ErrUnusable)
+		fmt.Printf("rank %d: reported after %v: %v\n", rank, time.Since(start).Round(time.Millisecond), err)
+		fmt.Println("nccl rank ok")
+		return
+	}
+
+	// Integer-valued inputs: their sums are exact in any order of addition, so NCCL's results
+	// can be compared bitwise with the reference.
+	for _, dt := range dtype.All {
+		for _, nbytes := range []int{16, 4096 + 2*dt.Size(), 1 << 20, 9 << 20, 64 << 20} {
+			count := nbytes / dt.Size()
+			inputs := make([][]byte, size)
+			for r := range inputs {
+				inputs[r] = smallIntegers(mrand.New(mrand.NewPCG(uint64(r), uint64(nbytes))), dt, count)
+			}
+			want, err := ref.OneShot(dt, inputs)
+			require.NoError(t, err)
+			require.NoError(t, dev.CopyHtoD(in, inputs[rank]))
+			require.NoError(t, dev.MemsetD8(out, 0xFF, uint64(nbytes)))
+			require.NoError(t, comm.AllReduce(stream, out, in, count, dt))
+			wctx, wcancel := context.WithTimeout(context.Background(), time.Minute)
+			require.NoError(t, stream.Wait(wctx))
+			wcancel()
+			require.NoError(t, comm.Err())
+			got := make([]byte, nbytes)
+			require.NoError(t, dev.CopyDtoH(got, out))
+			if n, first := ref.Compare(dt, want, got); n != 0 {
+				t.Fatalf("rank %d, %v, %d bytes: %d elements wrong; first at %d: want %s, got %s", rank, dt, nbytes, n,
+					first.Index, ref.Format(dt, first.Want), ref.Format(dt, first.Got))
+			}
+		}
+	}
+	fmt.Println("nccl rank ok")
+}
+
+// smallIntegers returns count elements of dt holding integers in [-8, 8].
+func smallIntegers(rng *mrand.Rand, dt dtype.DType, count int) []byte {
+	out := make([]byte, count*dt.Size())
+	for i := range count {
+		v := float32(rng.IntN(17) - 8)
+		switch dt {
+		case dtype.Float32:
+			binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(v))
+		case dtype.Float16:
+			binary.LittleEndian.PutUint16(out[2*i:], ref.F32ToF16(v))
+		default:
+			binary.LittleEndian.PutUint16(out[2*i:], ref.F32ToBF16(v))
+		}
+	}
+	return out
+}
