@@ -341,6 +341,16 @@ func TestDestroyAndAbort(t *testing.T) {
 	require.ErrorIs(t, err, ErrInternalError)
 	assert.Equal(t, uint64(3), f.rec(rAbortCalls))
 
+	// A communicator that ncclCommDestroy refuses is aborted, not leaked.
+	c = f.comm(t, nil)
+	f.ctl(cFinalizeResult, 0)
+	f.ctl(cDestroyResult, 5)
+	err = c.Destroy(context.Background())
+	require.ErrorIs(t, err, ErrInvalidUsage)
+	assert.Contains(t, err.Error(), "destroy NCCL rank 1 of 2 (aborted instead): ncclCommDestroy: ncclInvalidUsage (5)")
+	assert.Equal(t, uint64(4), f.rec(rAbortCalls))
+	assert.Zero(t, c.Handle())
+
 	// A failing abort is reported.
 	c = f.comm(t, nil)
 	f.ctl(cAbortResult, 6)

@@ -409,8 +409,9 @@ func (c *Comm) Abort() error {
 }
 
 // Destroy frees the communicator once the work queued on it is done: ncclCommFinalize (where
-// libnccl has it), waiting for it up to ctx's end, then ncclCommDestroy. When ctx ends first
-// or finalize fails, the communicator is aborted instead. ctx bounds the wait of a
+// libnccl has it), waiting for it up to ctx's end, then ncclCommDestroy. When ctx ends first,
+// finalize fails or ncclCommDestroy refuses the communicator (after a failed init or an
+// asynchronous error), it is aborted instead, so that nothing leaks. ctx bounds the wait of a
 // non-blocking communicator only: a blocking one finalizes inside NCCL, as long as its peers
 // take. Calling it again (or after Abort) does nothing. It must not run alongside other calls
 // of c but Abort.
@@ -446,8 +447,16 @@ func (c *Comm) Destroy(ctx context.Context) error {
 	if !retired {
 		return nil // aborted meanwhile, which freed it
 	}
-	if err := c.lib.call("ncclCommDestroy", c.lib.commDestroy, h, h); err != nil {
-		return fmt.Errorf("destroy NCCL rank %d of %d: %w", c.rank, c.nranks, err)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if r := raw(c.lib.commDestroy, h); r != 0 {
+		err := c.lib.newError("ncclCommDestroy", r, h)
+		// ncclCommDestroy refuses a communicator whose init or background work failed, and
+		// keeps it: ncclCommAbort is what frees it then.
+		if r := raw(c.lib.commAbort, h); r != 0 {
+			return fmt.Errorf("destroy NCCL rank %d of %d: %w; abort: %w", c.rank, c.nranks, err, c.lib.newError("ncclCommAbort", r, h))
+		}
+		return fmt.Errorf("destroy NCCL rank %d of %d (aborted instead): %w", c.rank, c.nranks, err)
 	}
 	return nil
 }

@@ -195,6 +195,20 @@ func TestGPUAllReduceWorldOne(t *testing.T) {
 		}
 	}
 
+	// A registered buffer (NCCL 2.19) works like any other.
+	if Has(FeatureRegister) {
+		const n = 1 << 16
+		p, err := c.Alloc(4 * n)
+		require.NoError(t, err)
+		defer c.Free(p)
+		reg, err := nb.Register(uint64(p), 4*n)
+		require.NoError(t, err)
+		require.NoError(t, c.CopyHtoD(p, f32Bytes(make([]float32, n))))
+		require.NoError(t, nb.AllReduce(uint64(p), uint64(p), n, Float32, Sum, 0))
+		require.NoError(t, c.Synchronize())
+		require.NoError(t, nb.Deregister(reg))
+	}
+
 	// A bad argument comes back with NCCL's own explanation.
 	err = nb.AllReduce(0, 0, 16, DataType(77), Sum, 0)
 	require.ErrorIs(t, err, ErrInvalidArgument)
