@@ -96,7 +96,7 @@ func InitRank(ctx context.Context, id UniqueID, nranks, rank int, cfg *Config) (
 	}
 	if err := c.WaitReady(ctx); err != nil {
 		_ = c.Abort() // after a failed init the communicator is only good for freeing
-		return nil, fmt.Errorf("init NCCL rank %d of %d: %w", rank, nranks, err)
+		return nil, fmt.Errorf("init NCCL: %w", err) // err names the rank
 	}
 	return c, nil
 }
