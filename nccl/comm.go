@@ -95,7 +95,7 @@ func InitRank(ctx context.Context, id UniqueID, nranks, rank int, cfg *Config) (
 		return nil, err
 	}
 	if err := c.WaitReady(ctx); err != nil {
-		_ = c.Abort() // after a failed init the communicator is only good for freeing
+		_ = c.Abort()                                // after a failed init the communicator is only good for freeing
 		return nil, fmt.Errorf("init NCCL: %w", err) // err names the rank
 	}
 	return c, nil
