@@ -87,7 +87,8 @@ type ipcKey struct {
 //
 // The ranks' GPUs get the policy of NewGroup: rank 0 checks that they reach each other and,
 // for more than two, that NVLink links them all. goccl's kernels serve 2 to 16 ranks on one
-// host (NCCL_HOSTID, where set, names the host, as for NCCL); NCCL (Options.NCCL) serves
+// host (for a communicator that may use NCCL, NCCL_HOSTID names the host where set, as for
+// NCCL itself); NCCL (Options.NCCL) serves
 // every call they cannot: past MaxBytes, GPUs that are not eligible, several hosts, one rank
 // or more than 16.
 func New(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Options) (*Comm, error) {
@@ -205,7 +206,7 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	if err != nil {
 		return err
 	}
-	mine := rankInfo{rankFacts: rankFacts{PID: int64(os.Getpid()), Device: int64(ordinal), UUID: uuid, Host: hostID(),
+	mine := rankInfo{rankFacts: rankFacts{PID: int64(os.Getpid()), Device: int64(ordinal), UUID: uuid, Host: hostID(c.opts.NCCL != NCCLOff),
 		SMs: int64(sms), Major: int64(major),
 		Blocks: int64(c.opts.Blocks), PushBlocks: int64(c.opts.PushBlocks), ThreadsPerBlock: int64(c.opts.ThreadsPerBlock), MaxBytes: c.opts.MaxBytes,
 		PushMaxBytes: c.opts.PushMaxBytes, Algorithm: int64(c.opts.Algorithm), SystemScope: boolInt(c.opts.SystemScope),

@@ -15,11 +15,14 @@ import (
 )
 
 // hostID tells hosts apart: ranks on different hosts cannot map each other's memory, so only
-// NCCL serves them. It is NCCL_HOSTID where set (the variable NCCL itself reads for this,
-// which lets processes on one machine stand for several hosts), else the kernel's boot id,
-// else the host name.
-func hostID() [16]byte {
-	id := os.Getenv("NCCL_HOSTID")
+// NCCL serves them. It is the kernel's boot id, else the host name; for a communicator that
+// may use NCCL (withNCCL), NCCL_HOSTID where set: the variable NCCL itself reads for this,
+// which lets processes on one machine stand for several hosts.
+func hostID(withNCCL bool) [16]byte {
+	id := ""
+	if withNCCL {
+		id = os.Getenv("NCCL_HOSTID")
+	}
 	if id == "" {
 		if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
 			id = "boot:" + strings.TrimSpace(string(b))
