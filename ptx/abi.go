@@ -1,7 +1,13 @@
 package ptx
 
-// The constants below are the host side of docs/kernel-abi.md; the templates
-// hard-code the same numbers, and the tests check that they agree.
+import (
+	"fmt"
+
+	"github.com/goccl/goccl/dtype"
+)
+
+// The constants below are the host side of docs/kernel-abi.md. The templates get
+// them through abiConsts (spec.go), so each number is written down once here.
 
 // Launch shape.
 const (
@@ -37,37 +43,96 @@ const (
 	// u32 ntid}): the shape of block b's previous push call if that call left its
 	// receive slots to be re-armed by the next one (its deferred re-arm), else zeros.
 	PushPendingOffset = 12544
+	// CallOffset is the byte offset of call[64 blocks] (4 u32 words each, CallWords): the
+	// call that block b of this rank made at its latest entry barrier, tagged with that
+	// barrier's round, for the peers' call check (one-shot and two-shot).
+	CallOffset = 13056
 )
 
-// Error record: ErrRecordBytes of u32 words {code, rank, block, peer, phase,
-// 0, 0, 0} in host-mapped memory, zeroed by the host before a launch. The first
-// thread that fails claims it (atomic compare-and-swap of the code from 0) and
-// only then writes the other words.
+// Error record: ErrRecordBytes of u32 words in host-mapped memory, zeroed by the host when it
+// creates the record: [0] code, [1] rank, [2] block, [3] peer, [4] phase, [5] done, [6..7]
+// this rank's call fingerprint (lo, hi), [8..9] the peer's (lo, hi; ErrCodeMismatch only),
+// [10] claim, [11..15] 0. The first thread that fails claims the record (atomic
+// compare-and-swap of the claim word from 0 to 1), writes words 1..4 and 6..15, then done,
+// then the code, the last two with release stores at system scope. The host reads the record
+// while kernels may still run: once it sees a code, every other word is there (done is 1).
+// The kernels' stale check reads the code too.
 const (
 	// ErrRecordBytes is the size of one error record.
-	ErrRecordBytes = 32
+	ErrRecordBytes = 64
+	// ErrWordDone is the index of the done word, set just before the code.
+	ErrWordDone = 5
+	// ErrWordClaim is the index of the claim word, which the compare-and-swap takes.
+	ErrWordClaim = 10
+)
+
+// ErrCode is word 0 of an error record: what went wrong (0: nothing).
+type ErrCode uint32
+
+const (
 	// ErrCodeTimeout: a peer did not arrive within the timeout. The record's
 	// peer is the rank waited for and phase says where.
-	ErrCodeTimeout = 1
+	ErrCodeTimeout ErrCode = 1
 	// ErrCodeUnfilledSlot: a registration slot of the input table held a nil
 	// pointer (a graph whose handles were never exchanged). The record's peer
 	// is the rank whose pointer is nil; phase is PhaseNone.
-	ErrCodeUnfilledSlot = 2
+	ErrCodeUnfilledSlot ErrCode = 2
+	// ErrCodeMismatch: rank `rank` saw rank `peer` make a different call (another
+	// count, element type, algorithm or operation). Words 6..9 hold both calls'
+	// fingerprints; phase is PhaseEntry (pull kernels) or PhasePush.
+	ErrCodeMismatch ErrCode = 3
 )
 
-// Phases of an error record: where the kernel was waiting.
+// String names the code: "timeout", "unfilled registration slot", "call mismatch".
+func (c ErrCode) String() string {
+	switch c {
+	case 0:
+		return "no error"
+	case ErrCodeTimeout:
+		return "timeout"
+	case ErrCodeUnfilledSlot:
+		return "unfilled registration slot"
+	case ErrCodeMismatch:
+		return "call mismatch"
+	}
+	return fmt.Sprintf("error code %d", uint32(c))
+}
+
+// Phase is word 4 of an error record: where the kernel was when it recorded the error.
+type Phase uint32
+
 const (
 	// PhaseNone is the phase of an error that is not a wait (an unfilled slot).
-	PhaseNone = 0
-	// PhaseEntry is the entry barrier (one-shot and two-shot).
-	PhaseEntry = 1
+	PhaseNone Phase = 0
+	// PhaseEntry is the entry barrier (one-shot and two-shot), and the call check
+	// that follows it.
+	PhaseEntry Phase = 1
 	// PhaseMiddle is the two-shot barrier between reduce-scatter and all-gather.
-	PhaseMiddle = 2
-	// PhaseExit is the one-shot exit barrier.
-	PhaseExit = 3
-	// PhasePush is the push kernel waiting for a peer's data.
-	PhasePush = 4
+	PhaseMiddle Phase = 2
+	// PhaseExit is the one-shot exit barrier and the direct two-shot's delivered
+	// barrier.
+	PhaseExit Phase = 3
+	// PhasePush is the push kernel waiting for a peer's data or call header.
+	PhasePush Phase = 4
 )
+
+// String names the phase: "none", "entry barrier", "middle barrier", "exit barrier",
+// "push receive".
+func (p Phase) String() string {
+	switch p {
+	case PhaseNone:
+		return "none"
+	case PhaseEntry:
+		return "entry barrier"
+	case PhaseMiddle:
+		return "middle barrier"
+	case PhaseExit:
+		return "exit barrier"
+	case PhasePush:
+		return "push receive"
+	}
+	return fmt.Sprintf("phase %d", uint32(p))
+}
 
 // Launch flags: the bits of p_flags.
 const (
@@ -122,4 +187,106 @@ func PushParts(worldSize int) int {
 		return 3
 	}
 	return 2
+}
+
+// PushHeaderBytes is the header area at the start of every push receive slot: one 16-byte
+// call header per block (header[b] at byte VectorBytes*b of the slot), then the data.
+// Block b of the sender writes its call (CallWords with PushHeaderTag) into header[b] of
+// its slot in every receiver, and the receiver's block b compares it with its own call.
+const PushHeaderBytes = MaxBlocks * VectorBytes
+
+// PushHeaderTag is the tag of the push call header's words (CallWords): any value whose
+// bits are not all zero, so that every word of a header that arrived is non-zero, which is
+// how the receiver tells it from a re-armed (zeroed) slot.
+const PushHeaderTag = 0x600C
+
+// PushSlotBytes returns the bytes of one push receive slot for messages of up to
+// pushMaxBytes: the call headers (PushHeaderBytes), then the data rounded up to whole
+// vectors. It is the value the host passes as p_slot and sizes each receive buffer from
+// (PushParts(ws)*ws slots). A negative size counts as 0.
+func PushSlotBytes(pushMaxBytes int64) int64 {
+	pushMaxBytes = max(pushMaxBytes, 0)
+	return PushHeaderBytes + (pushMaxBytes+VectorBytes-1)/VectorBytes*VectorBytes
+}
+
+// CallOp is the operation of a call fingerprint. It is never 0, so that no fingerprint is.
+type CallOp uint8
+
+// Operations a kernel can check its peers for.
+const (
+	// OpAllReduce is a plain sum all-reduce.
+	OpAllReduce CallOp = 1
+)
+
+// String names the operation: "all-reduce".
+func (o CallOp) String() string {
+	if o == OpAllReduce {
+		return "all-reduce"
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+// Call describes one rank's call as its kernel checks it against the peers': each rank
+// passes the fingerprint of its call (p_call), and a kernel that sees a peer with another
+// records ErrCodeMismatch with both.
+type Call struct {
+	Op   CallOp
+	Algo Algorithm
+	// DType is the element type of the message.
+	DType dtype.DType
+	// Count is the number of elements; the fingerprint keeps its low 40 bits.
+	Count uint64
+}
+
+// Fingerprint packs the call into 64 bits: Count in bits 0..39, DType in 40..47, Algo in
+// 48..55, Op in 56..63. Two calls whose fields fit these widths have equal fingerprints
+// exactly when they are equal; a fingerprint is never 0 when Op is not.
+func (c Call) Fingerprint() uint64 {
+	return c.Count&(1<<40-1) | uint64(uint8(c.DType))<<40 | uint64(uint8(c.Algo))<<48 | uint64(c.Op)<<56
+}
+
+// DecodeCall unpacks a fingerprint (the inverse of Fingerprint for calls whose fields fit).
+// Zero gives the zero Call, whose String is "no call".
+func DecodeCall(fp uint64) Call {
+	return Call{
+		Op:    CallOp(fp >> 56),
+		Algo:  Algorithm(uint8(fp >> 48)),
+		DType: dtype.DType(uint8(fp >> 40)),
+		Count: fp & (1<<40 - 1),
+	}
+}
+
+// String describes the call, e.g. "all-reduce of 1024 bf16 elements (twoshot)".
+func (c Call) String() string {
+	if c == (Call{}) {
+		return "no call"
+	}
+	unit := "elements"
+	if c.Count == 1 {
+		unit = "element"
+	}
+	return fmt.Sprintf("%v of %d %v %s (%v)", c.Op, c.Count, c.DType, unit, c.Algo)
+}
+
+// CallWords spreads a fingerprint over four u32 words, 16 bits each, with tag in the upper
+// half of every word: word i = tag<<16 | (fp >> 16i) & 0xFFFF. A reader that loads the
+// words while they are being rewritten (a 16-byte store may land word by word) sees each
+// word whole, and the tag says which write it came from: the one-shot and two-shot call
+// check tags the words with the entry barrier's round, the push header with PushHeaderTag
+// (so that no word of a header is 0). The kernels build the words with prmt.
+func CallWords(fp uint64, tag uint16) [4]uint32 {
+	var w [4]uint32
+	for i := range w {
+		w[i] = uint32(tag)<<16 | uint32(fp>>(16*i))&0xFFFF
+	}
+	return w
+}
+
+// CallFromWords is the fingerprint that CallWords spread, whatever the tags.
+func CallFromWords(w [4]uint32) uint64 {
+	var fp uint64
+	for i := range w {
+		fp |= uint64(w[i]&0xFFFF) << (16 * i)
+	}
+	return fp
 }

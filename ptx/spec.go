@@ -19,9 +19,11 @@ type Spec struct {
 	DType     dtype.DType
 	WorldSize int    // ranks of the communicator, 2..MaxRanks
 	Target    Target // see TargetFor
-	// Scope of the release/acquire barriers (two-shot's middle and delivered barriers; the
-	// other barriers and push use volatile flags, which need no scope). The zero value,
-	// ScopeSystem, is always correct; ScopeGPU only when every rank is on one device.
+	// Scope of the one-shot and two-shot barriers: ScopeSystem stores round numbers into
+	// the peers' flags, ScopeGPU counts arrivals with atomic adds and makes the two-shot's
+	// release/acquire GPU-scope (docs/kernel-abi.md, "Barrier"). Push has no barrier and is
+	// the same in both. The zero value, ScopeSystem, is always correct; ScopeGPU only when
+	// every rank is on one device.
 	Scope Scope
 }
 
@@ -87,6 +89,9 @@ var parsedTemplates = sync.OnceValues(func() (*template.Template, error) {
 		"mul":  func(a, b int) int { return a * b },
 		"shl":  func(a, b int) int { return a << b },
 		"args": args,
+		"join": strings.Join,
+		// abi: the constants of abi.go, for pieces that get an argument map rather than a kernel
+		"abi": func() abiConsts { return baseABI },
 	}).ParseFS(templateFS, "templates/*.ptx.tmpl")
 	if err != nil {
 		return nil, fmt.Errorf("parse embedded PTX templates: %w", err)
@@ -137,16 +142,32 @@ type kernel struct {
 // abiConsts hands the Go constants of abi.go to the templates, so the
 // offsets, codes and phases are written down once.
 type abiConsts struct {
-	SelfCounter, PeerCounter, PushEpoch, PushPending int
+	SelfCounter, PeerCounter, PushEpoch, PushPending, Call int
 	// Lanes is the u32 counters per block (16*b + lane), PhaseSlots the
 	// counters per phase of peer_counter (1024*ph + 16*b + rank).
-	Lanes, PhaseSlots                  int
-	CodeTimeout, CodeUnfilled          int
-	PhaseNone, PhaseEntry, PhaseMiddle int
-	PhaseExit, PhasePush               int
-	StaleAfterNs                       int
-	FlagEarlyTrigger                   int
-	PushParts                          int
+	Lanes, PhaseSlots                       int
+	CodeTimeout, CodeUnfilled, CodeMismatch int
+	PhaseNone, PhaseEntry, PhaseMiddle      int
+	PhaseExit, PhasePush                    int
+	StaleAfterNs                            int
+	FlagEarlyTrigger                        int
+	PushParts                               int
+	// PushHeader is the bytes of call headers at the start of a push receive slot,
+	// PushTag the tag of their words.
+	PushHeader, PushTag int
+	// Done and Claim are the byte offsets of the error record's done and claim words.
+	Done, Claim int
+}
+
+// baseABI is abiConsts without the values that depend on the world size.
+var baseABI = abiConsts{
+	SelfCounter: SelfCounterOffset, PeerCounter: PeerCounterOffset, PushEpoch: PushEpochOffset,
+	PushPending: PushPendingOffset, Call: CallOffset,
+	CodeTimeout: int(ErrCodeTimeout), CodeUnfilled: int(ErrCodeUnfilledSlot), CodeMismatch: int(ErrCodeMismatch),
+	PhaseNone: int(PhaseNone), PhaseEntry: int(PhaseEntry), PhaseMiddle: int(PhaseMiddle),
+	PhaseExit: int(PhaseExit), PhasePush: int(PhasePush), StaleAfterNs: StaleAfterNs,
+	FlagEarlyTrigger: FlagEarlyTrigger, Lanes: MaxRanks, PhaseSlots: MaxBlocks * MaxRanks,
+	PushHeader: PushHeaderBytes, PushTag: PushHeaderTag, Done: 4 * ErrWordDone, Claim: 4 * ErrWordClaim,
 }
 
 func newKernel(s Spec) *kernel {
@@ -162,15 +183,9 @@ func newKernel(s Spec) *kernel {
 		Rotated:    s.Algo == TwoShot,
 		DeferRearm: s.Algo == Push && s.WorldSize >= DeferRearmMinRanks,
 		Elems:      VectorBytes / s.DType.Size(),
-		ABI: abiConsts{
-			SelfCounter: SelfCounterOffset, PeerCounter: PeerCounterOffset, PushEpoch: PushEpochOffset, PushPending: PushPendingOffset,
-			CodeTimeout: ErrCodeTimeout, CodeUnfilled: ErrCodeUnfilledSlot,
-			PhaseNone: PhaseNone, PhaseEntry: PhaseEntry, PhaseMiddle: PhaseMiddle,
-			PhaseExit: PhaseExit, PhasePush: PhasePush, StaleAfterNs: StaleAfterNs,
-			FlagEarlyTrigger: FlagEarlyTrigger, PushParts: PushParts(s.WorldSize),
-			Lanes: MaxRanks, PhaseSlots: MaxBlocks * MaxRanks,
-		},
+		ABI:        baseABI,
 	}
+	k.ABI.PushParts = PushParts(s.WorldSize)
 	for r := range s.WorldSize {
 		k.Ranks = append(k.Ranks, r)
 	}
@@ -192,6 +207,23 @@ func (k *kernel) Packed() string {
 
 // Words lists the four 32-bit words of a vector.
 func (k *kernel) Words() []int { return []int{0, 1, 2, 3} }
+
+// PackedWords names the four 32-bit registers of a rounded vector (see Packed).
+func (k *kernel) PackedWords() []string {
+	if k.DType == "f32" {
+		return []string{"%acc0", "%acc1", "%acc2", "%acc3"}
+	}
+	return []string{"%o0", "%o1", "%o2", "%o3"}
+}
+
+// VecWords names the four registers of the r-th loaded vector.
+func (k *kernel) VecWords(r int) []string {
+	return []string{fmt.Sprintf("%%v%d", 4*r), fmt.Sprintf("%%v%d", 4*r+1), fmt.Sprintf("%%v%d", 4*r+2), fmt.Sprintf("%%v%d", 4*r+3)}
+}
+
+// HalfWords reports whether an element is 16 bits, so that a message may end in the
+// middle of a 32-bit word.
+func (k *kernel) HalfWords() bool { return k.Elems == 8 }
 
 // Vec is the register list of the r-th loaded vector, "{%v8, %v9, %v10, %v11}".
 func (k *kernel) Vec(r int) string {
@@ -224,21 +256,24 @@ type barrier struct {
 	// Chained: an earlier barrier of the same kernel left this lane's round in %round, so
 	// the round is that plus one, without reading the counter back from memory.
 	Chained bool
+	// Publish: thread 0 writes this rank's call, tagged with the round, into its call[b]
+	// for the peers' call check (the entry barrier).
+	Publish bool
 }
 
 // Barrier returns the entry, middle, exit or delivered barrier.
 func (k *kernel) Barrier(name string) (barrier, error) {
 	switch name {
 	case "entry":
-		return barrier{kernel: k, Name: name, Phase: PhaseEntry, Post: true}, nil
+		return barrier{kernel: k, Name: name, Phase: int(PhaseEntry), Post: true, Publish: true}, nil
 	case "middle":
-		return barrier{kernel: k, Name: name, Phase: PhaseMiddle, Pre: true, Post: true, Acquire: true, Chained: true}, nil
+		return barrier{kernel: k, Name: name, Phase: int(PhaseMiddle), Pre: true, Post: true, Acquire: true, Chained: true}, nil
 	case "exit":
-		return barrier{kernel: k, Name: name, Phase: PhaseExit, Pre: true, Chained: true}, nil
+		return barrier{kernel: k, Name: name, Phase: int(PhaseExit), Pre: true, Chained: true}, nil
 	case "delivered":
 		// the direct two-shot's exit: its shards were written into the peers' outputs by this
 		// kernel, so the flags carry them (release/acquire), like the middle barrier's
-		return barrier{kernel: k, Name: name, Phase: PhaseExit, Pre: true, Acquire: true, Chained: true}, nil
+		return barrier{kernel: k, Name: name, Phase: int(PhaseExit), Pre: true, Acquire: true, Chained: true}, nil
 	}
 	return barrier{}, fmt.Errorf("unknown barrier %q", name)
 }

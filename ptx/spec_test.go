@@ -72,13 +72,15 @@ func TestEntrySignature(t *testing.T) {
 
 func TestParams(t *testing.T) {
 	p := Params(8)
-	require.Len(t, p, 11)
+	require.Len(t, p, 13)
 	var names []string
 	for _, q := range p {
 		names = append(names, q.Name)
 		assert.Zero(t, q.Size%q.Align, "%s: size is a multiple of its alignment", q.Name)
 	}
-	assert.Equal(t, []string{"p_inputs", "p_outputs", "p_out", "p_nvec", "p_rank", "p_err", "p_timeout", "p_sig", "p_buf", "p_slot", "p_flags"}, names)
+	assert.Equal(t, []string{"p_inputs", "p_outputs", "p_out", "p_nvec", "p_rank", "p_err", "p_timeout", "p_sig", "p_buf", "p_slot", "p_flags", "p_tail", "p_call"}, names)
+	assert.Equal(t, Param{"p_tail", 4, 4}, p[11])
+	assert.Equal(t, Param{"p_call", 8, 8}, p[12])
 	assert.Equal(t, Param{"p_sig", 64, 8}, p[7])
 	assert.Equal(t, Param{"p_buf", 24, 8}, Params(3)[8])
 	assert.Equal(t, Param{"p_nvec", 4, 4}, p[3])
@@ -183,15 +185,18 @@ func TestArithmetic(t *testing.T) {
 
 // TestMemoryOrder checks the flag rule of docs/kernel-abi.md in the text:
 // release/acquire only in the two-shot middle barrier and its direct path's
-// delivered barrier, volatile (or relaxed) flags elsewhere, volatile data only
-// in push. System scope stores round numbers into the flags; GPU scope counts
-// arrivals with atomic adds and stores no flag.
+// delivered barrier (and the error record's completion), volatile (or relaxed)
+// flags elsewhere, volatile data only in push and the call check. System scope
+// stores round numbers into the flags; GPU scope counts arrivals with atomic adds
+// and stores no flag.
 func TestMemoryOrder(t *testing.T) {
 	for _, s := range allSpecs() {
 		text := code(generate(t, s))
 		name := variantName(s)
 		flagStores := strings.Count(text, "st.volatile.global.u32")
-		release := strings.Count(text, "st.release.sys.global.u32")
+		release := strings.Count(text, "st.release.sys.global.u32 [%flag")
+		// every error record ends with two system-scope release stores (done, then the code)
+		records := strings.Count(text, fmt.Sprintf("atom.global.cas.b32 %%old, [%%err+%d], 0, 1;", 4*ErrWordClaim))
 		relaxedAdds := strings.Count(text, "red.relaxed.gpu.global.add.u32")
 		acquire := strings.Count(text, "ld.acquire."+s.Scope.String()+".global.u32")
 		if s.Scope == ScopeGPU {
@@ -202,7 +207,7 @@ func TestMemoryOrder(t *testing.T) {
 			assert.Zero(t, strings.Count(text, "\tred."), name)
 		}
 		// and no release or acquire of another kind or scope
-		assert.Equal(t, release, strings.Count(text, ".release."), name)
+		assert.Equal(t, release+2*records, strings.Count(text, ".release."), name)
 		assert.Equal(t, acquire, strings.Count(text, "ld.acquire."), name)
 		barSync := strings.Count(text, "bar.sync 0;")
 		barRed := strings.Count(text, "bar.red.or.pred %timedout, 0, %timedout;")
@@ -210,16 +215,20 @@ func TestMemoryOrder(t *testing.T) {
 		// volatile (the entry barrier orders nothing), so acquire counts are the same
 		got := [5]int{release, acquire, flagStores, barSync, barRed}
 		switch s.Algo {
-		case OneShot: // entry (no ①) and exit (no ⑥) barriers
+		// the call check's words are volatile: one store (publish), a load after the entry
+		// barrier and one in its retry loop
+		case OneShot: // entry (no (1)) and exit (no (6)) barriers
 			assert.Equal(t, [5]int{0, 0, 2, 1, 1}, got, name)
-			assert.False(t, has(text, "ld.volatile.global.v4"), name)
-		case TwoShot: // entry barrier, then the middle one (tmp) or the delivered one (direct, no ⑥)
+			assert.Equal(t, 2, strings.Count(text, "ld.volatile.global.v4.b32"), name)
+			assert.Equal(t, 1, strings.Count(text, "st.volatile.global.v4.b32"), name)
+		case TwoShot: // entry barrier, then the middle one (tmp) or the delivered one (direct, no (6))
 			assert.Equal(t, [5]int{2, 2, 1, 2, 2}, got, name)
-			assert.False(t, has(text, "ld.volatile.global.v4"), name)
-		case Push: // no barrier; data polled with volatile loads
+			assert.Equal(t, 2, strings.Count(text, "ld.volatile.global.v4.b32"), name)
+			assert.Equal(t, 1, strings.Count(text, "st.volatile.global.v4.b32"), name)
+		case Push: // no barrier; data polled with volatile loads, and the call header
 			assert.Equal(t, [5]int{0, 0, 0, 0, 1}, got, name)
-			assert.Equal(t, 2*s.WorldSize, strings.Count(text, "ld.volatile.global.v4.b32"), name)
-			assert.Equal(t, s.WorldSize, strings.Count(text, "st.volatile.global.v4.b32"), name)
+			assert.Equal(t, 2*s.WorldSize+3, strings.Count(text, "ld.volatile.global.v4.b32"), name)
+			assert.Equal(t, s.WorldSize+1, strings.Count(text, "st.volatile.global.v4.b32"), name)
 		}
 		// the round counter is read from memory once per kernel: a later barrier continues from
 		// the round the lane holds, and every barrier stores its round back
@@ -235,7 +244,7 @@ func TestMemoryOrder(t *testing.T) {
 		// gives up early once the record is set
 		spins := strings.Count(text, "mov.u64 %wd_start, %globaltimer;")
 		assert.Equal(t, spins, strings.Count(text, "setp.gt.u64 %p1, %wd_now, %timeout;"), name)
-		assert.GreaterOrEqual(t, strings.Count(text, "atom.global.cas.b32 %old, [%err], 0,"), spins, name)
+		assert.GreaterOrEqual(t, records, spins, name)
 		// (at most once per StaleAfterNs and thread: the next check is due at %wd_next)
 		assert.Equal(t, spins, strings.Count(text, fmt.Sprintf("mov.u64 %%wd_next, %d;", StaleAfterNs)), name)
 		assert.Equal(t, spins, strings.Count(text, "setp.lt.u64 %p1, %wd_now, %wd_next;"), name)
@@ -391,8 +400,13 @@ func TestScope(t *testing.T) {
 			continue
 		}
 		// the scope changes the barriers only; the GPU-scope kernel has nothing of system scope
+		// but the error record's completion, which the host reads
 		assert.Equal(t, data(sys), data(other), variantName(s))
-		assert.NotContains(t, strings.Join(other, "\n"), ".sys.", variantName(gpu))
+		for _, l := range other {
+			if strings.Contains(l, ".sys.") && !strings.Contains(l, "[%err") {
+				t.Errorf("%s: system scope outside the error record: %s", variantName(gpu), l)
+			}
+		}
 	}
 }
 
@@ -434,8 +448,11 @@ func TestABILayout(t *testing.T) {
 	assert.LessOrEqual(t, SelfCounterOffset+4*MaxBlocks*MaxRanks, PeerCounterOffset)
 	assert.LessOrEqual(t, PeerCounterOffset+4*2*MaxBlocks*MaxRanks, PushEpochOffset)
 	assert.LessOrEqual(t, PushEpochOffset+4*MaxBlocks, PushPendingOffset)
-	assert.LessOrEqual(t, PushPendingOffset+8*MaxBlocks, SignalBytes)
-	assert.Equal(t, 8*4, ErrRecordBytes)
+	assert.LessOrEqual(t, PushPendingOffset+8*MaxBlocks, CallOffset)
+	assert.Zero(t, CallOffset%VectorBytes, "call[b] is one 16-byte vector")
+	assert.LessOrEqual(t, CallOffset+VectorBytes*MaxBlocks, SignalBytes)
+	assert.Equal(t, 16*4, ErrRecordBytes)
+	assert.Less(t, ErrWordClaim, ErrRecordBytes/4)
 
 	two := generate(t, Spec{TwoShot, dtype.Float32, 4, SM80, ScopeSystem})
 	assert.True(t, bytes.Contains(two, []byte(fmt.Sprintf("[%%flag+%d]", PeerCounterOffset))))
@@ -456,4 +473,7 @@ func TestABILayout(t *testing.T) {
 		assert.Equal(t, want, PushParts(ws), "ws %d", ws)
 	}
 	assert.True(t, bytes.Contains(push, []byte(fmt.Sprintf("[%%err+12], %%peer;\n\tst.global.u32 [%%err+16], %d;", PhasePush))))
+	one := generate(t, Spec{OneShot, dtype.Float32, 4, SM80, ScopeSystem})
+	assert.True(t, bytes.Contains(one, []byte(fmt.Sprintf("st.volatile.global.v4.b32 [%%cs+%d]", CallOffset))))
+	assert.True(t, bytes.Contains(one, []byte(fmt.Sprintf("[%%cp+%d]", CallOffset))))
 }
