@@ -19,22 +19,30 @@
 // shared pieces:
 //
 //	header, entry   .version 7.8 / .target / .address_size, and the .entry
-//	                signature (the same eleven parameters for every kernel)
+//	                signature (the same thirteen parameters, Params, for every kernel)
 //	registers,      the registers every piece may use, the grid-stride mapping,
-//	prologue        griddepcontrol.wait on sm_90, "timeout 0 = forever"
-//	barrier         the two-phase counter barrier of the seed (lines ① to ⑥):
-//	                volatile flags for entry/exit, st.release / ld.acquire
-//	                (.sys, or .gpu when every rank is on one GPU: Scope)
-//	                for the two-shot middle and delivered barriers
+//	prologue        griddepcontrol.wait on sm_90, "timeout 0 = forever", the
+//	                index of a partial last vector (%lastvec)
+//	barrier         the per-block barrier, steps (1) to (6) of docs/kernel-abi.md:
+//	                round numbers in two phase slots (system scope) or counted
+//	                arrivals (GPU scope); volatile flags for entry/exit,
+//	                release/acquire for the two-shot middle and delivered barriers
+//	publish,        the call check of one-shot and two-shot: thread 0 publishes
+//	callload,       the call (p_call) with the entry barrier's round, lane t loads
+//	callcheck       rank t's right after the barrier and tests it before its next
+//	                arrival (callwords, calldiff: the words and their test)
 //	watchdog,       the tail of every spin loop: %globaltimer against
 //	record          p_timeout, then the error record claimed with
-//	                atom.global.cas.b32 (first writer wins)
+//	                atom.global.cas.b32 on its claim word (first writer wins),
+//	                filled, and published done first, code last
 //	inputs,         a registration table of pointers (inputs; the direct
 //	pointers,       two-shot's outputs) and the check for an unfilled (nil)
 //	slotcheck       slot
 //	loads,          the 16-byte vector path: all ws ld.global.v4.b32 first,
 //	accumulate,     then widening to f32 and add.rn.f32 in a fixed order, then
-//	pack, store     one rounding (cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32)
+//	pack            one rounding (cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32)
+//	outstore,       a final store: whole vectors, but only p_tail bytes of the
+//	partial         message's last one (32-bit words, then a 16-bit half)
 //	zerolanes       the all-zero-element marking of the push protocol
 //
 // oneshot.ptx.tmpl, twoshot.ptx.tmpl and push.ptx.tmpl each define one
@@ -69,9 +77,15 @@
 //     by a peer (push);
 //   - two-shot: each tmp buffer holds part + nvec%ws vectors
 //     (part = nvec/ws);
-//   - push: receive buffers hold PushParts(ws)*ws slots of p_slot >= nvec*16 bytes and
-//     are zero when created (all zero bits = "not arrived"); the result of an
-//     element whose every input is zero is -0.0, as +0.0 travels as -0.0;
+//   - push: receive buffers hold PushParts(ws)*ws slots of p_slot >= PushHeaderBytes +
+//     nvec*16 bytes (PushSlotBytes) and are zero when created (all zero bits =
+//     "not arrived"); the result of an element whose every input is zero is
+//     -0.0, as +0.0 travels as -0.0;
+//   - every input holds nvec whole vectors' worth of readable memory: the kernels
+//     load the message's last vector whole (a 16-byte aligned vector that starts
+//     inside an allocation never crosses a page) and store only its p_tail bytes;
+//   - mismatched calls: see docs/kernel-abi.md ("Call check") for why a rank whose
+//     count differs from its peers' still reads and writes in bounds;
 //   - after an error record (a timeout), the signal region and the push
 //     receive buffers are in an unknown state: the communicator must be
 //     rebuilt, not reused.
@@ -81,7 +95,9 @@
 // The tests assemble every variant (3 algorithms x 3 element types x world
 // sizes 2..16 x 2 targets x 2 barrier scopes) with ptxas from GOCCL_PTXAS
 // (scripts/fetch-tools.sh fetches it) and fail on register spills or a stack
-// frame, and check every generated .entry signature against Params. Whether
-// the kernels compute the right bits is tested on a GPU by the collective
-// package against internal/ref.
+// frame, and check every generated .entry signature against Params. They also
+// read the text: the memory order of every flag, the tail store (interpreted
+// for every p_tail), the call check's placement, and every error record's
+// words and order. Whether the kernels compute the right bits is tested on a
+// GPU by the collective package against internal/ref.
 package ptx

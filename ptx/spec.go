@@ -250,7 +250,7 @@ type barrier struct {
 	*kernel
 	Name  string
 	Phase int
-	// Pre: bar.sync before the handshake (①); Post: bar.red.or after it (⑥);
+	// Pre: bar.sync before the handshake ((1)); Post: bar.red.or after it ((6));
 	// Acquire: release/acquire flags instead of volatile ones.
 	Pre, Post, Acquire bool
 	// Chained: an earlier barrier of the same kernel left this lane's round in %round, so

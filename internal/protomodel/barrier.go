@@ -3,9 +3,12 @@ package protomodel
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/goccl/goccl/ptx"
 )
 
 // BarrierVariant selects the barrier a model runs.
@@ -84,17 +87,23 @@ func (m *barrier) counting() bool { return m.variant == Counting || m.variant ==
 // lane is the state of one barrier lane (thread t < ws) of a block.
 type lane struct {
 	val    uint32 // this barrier's round number
-	stored bool   // ③ done; spinning
+	stored bool   // (3) done; spinning
 }
 
-// wait runs lines ② to ⑤ of the barrier for block b of rank: every lane
+// wait runs steps (2) to (5) of the barrier for block b of rank: every lane
 // t < ws bumps its round counter, stores it into rank t's peer_counter slot
 // for this rank, and spins until rank t's lane for this rank has stored the
 // same round into this rank's slot. The lanes' steps interleave in a random
 // order, as independently scheduled threads may. It returns when every lane
-// is through, which is what the bar.sync of ⑥ waits for, with the round
+// is through, which is what the bar.sync of (6) waits for, with the round
 // number; false means the run stopped.
 func (m *barrier) wait(rank, b int, j *jitter) (uint32, bool) {
+	return m.waitPublishing(rank, b, j, nil)
+}
+
+// waitPublishing is wait for an entry barrier whose lane 0 publishes the rank's call with its
+// round (pub; nil for none), as the kernels' thread 0 does after (2).
+func (m *barrier) waitPublishing(rank, b int, j *jitter, pub *publisher) (uint32, bool) {
 	ws := len(m.sig)
 	own := m.sig[rank]
 	lanes := make([]lane, ws)
@@ -121,23 +130,26 @@ func (m *barrier) wait(rank, b int, j *jitter) (uint32, bool) {
 		l := &lanes[t]
 		if !l.stored {
 			if m.counting() {
-				// ③ first: one more arrival of this rank's block b at rank t,
+				// (3) first: one more arrival of this rank's block b at rank t,
 				// before the lane knows its round.
 				m.sig[t][peerCounterWord(0, b, rank)].Add(1)
 				j.pause()
 			}
-			// ② Only this lane touches its counter: a plain increment.
+			// (2) Only this lane touches its counter: a plain increment.
 			l.val = own[selfCounterWord(b, t)].Load() + 1
 			own[selfCounterWord(b, t)].Store(l.val)
+			if t == 0 && pub != nil {
+				pub.publish(l.val)
+			}
 			if !m.counting() {
-				// ③ Tell rank t that this rank reached round val.
+				// (3) Tell rank t that this rank reached round val.
 				m.sig[t][peerCounterWord(m.phase(l.val), b, rank)].Store(l.val)
 			}
 			l.stored = true
 			j.pause()
 			continue
 		}
-		// ④/⑤ One poll of the slot rank t writes for this rank.
+		// (4)/(5) One poll of the slot rank t writes for this rank.
 		if !m.reached(own[peerCounterWord(m.phase(l.val), b, t)].Load(), l.val) {
 			j.idle()
 			continue
@@ -162,13 +174,22 @@ type BarrierConfig struct {
 	Seed uint64
 	// Stall is the progress watchdog's limit; 0 means DefaultStall.
 	Stall time.Duration
+	// Calls adds a call check: barriers pair up into calls (entry, then exit), and the
+	// entry barrier carries the check of CallVariant.
+	Calls CallVariant
+	// Mismatches lists the calls (0, 1, ..) in which rank call%Ranks makes a different
+	// call from the others; every other call is the same on every rank.
+	Mismatches []int
 }
 
 // Barrier runs the barrier model: Ranks x Blocks goroutines, each passing
 // Rounds barriers with random delays between and inside them. It checks at
 // every pass that every rank's same block had arrived at that barrier, and
-// that the round number is the expected one. It returns ErrEarlyPass, a
-// *DeadlockError, or the context's error, with what the run exercised.
+// that the round number is the expected one. With a call check, it also checks
+// that exactly the calls of Mismatches were reported, by both ranks of every
+// pair that differs, in every block. It returns ErrEarlyPass, ErrFalseMismatch,
+// ErrMissedMismatch, a *DeadlockError, or the context's error, with what the
+// run exercised.
 func Barrier(ctx context.Context, cfg BarrierConfig) (Stats, error) {
 	if err := checkShape(cfg.Ranks, cfg.Blocks, cfg.Rounds); err != nil {
 		return Stats{}, err
@@ -176,6 +197,20 @@ func Barrier(ctx context.Context, cfg BarrierConfig) (Stats, error) {
 	r := newRun(cfg.Stall)
 	m := &barrier{sig: newSignals(cfg.Ranks), variant: cfg.Variant, run: r}
 	startHistory(m, cfg.Blocks, cfg.Start)
+	var cc *callChecker
+	if cfg.Calls != NoCallCheck {
+		cc = &callChecker{m: m, variant: cfg.Calls, mismatches: cfg.Mismatches}
+		if cfg.Start != 0 {
+			// the previous entry barrier was at round Start-1, with another call
+			for _, s := range m.sig {
+				for b := range cfg.Blocks {
+					for i, w := range ptx.CallWords(modelCall(-1, 0, cfg.Ranks, nil), uint16(cfg.Start-1)) {
+						s[callWord(b, i)].Store(w)
+					}
+				}
+			}
+		}
+	}
 
 	// arrived[b][k]: ranks whose block b arrived at barrier k. passed[p][b]:
 	// barriers block b of rank p has passed.
@@ -194,7 +229,24 @@ func Barrier(ctx context.Context, cfg BarrierConfig) (Stats, error) {
 		for b := range cfg.Blocks {
 			wg.Go(func() {
 				j := newJitter(cfg.Seed, rank, b)
+				var pub *publisher
+				if cc != nil {
+					pub = &publisher{own: m.sig[rank], b: b, variant: cfg.Calls,
+						rng: rand.New(rand.NewPCG(cfg.Seed^0x9E3779B97F4A7C15, uint64(rank)<<8|uint64(b)))}
+					j.drain = pub.drain
+				}
+				var loaded [MaxRanks][4]uint32 // rank t's call[b] as lane t loaded it
+				var entry uint32               // the round of the call's entry barrier
 				for k := range cfg.Rounds {
+					call := k / 2
+					if cc != nil && k%2 == 1 && cfg.Calls != CallLate {
+						// the test before the lanes' next arrival
+						for _, t := range j.rng.Perm(cfg.Ranks) {
+							if !cc.check(rank, b, t, call, entry, loaded[t], j, pub) {
+								return
+							}
+						}
+					}
 					j.pause() // the block's work between barriers
 					for p := range cfg.Ranks {
 						if passed[p][b].Load() < int64(k) {
@@ -202,9 +254,16 @@ func Barrier(ctx context.Context, cfg BarrierConfig) (Stats, error) {
 							break
 						}
 					}
-					// Counted before ③, so a correct pass always sees it.
+					// Counted before (3), so a correct pass always sees it.
 					arrived[b][k].Add(1)
-					val, ok := m.wait(rank, b, j)
+					var val uint32
+					var ok bool
+					if cc != nil && k%2 == 0 {
+						pub.fp = modelCall(call, rank, cfg.Ranks, cfg.Mismatches)
+						val, ok = m.waitPublishing(rank, b, j, pub)
+					} else {
+						val, ok = m.wait(rank, b, j)
+					}
 					if !ok {
 						return
 					}
@@ -217,6 +276,22 @@ func Barrier(ctx context.Context, cfg BarrierConfig) (Stats, error) {
 						r.fail(fmt.Errorf("protomodel: %v barrier: rank %d block %d used round %#x at barrier %d, want %#x", cfg.Variant, rank, b, val, k, want))
 						return
 					}
+					if cc != nil && k%2 == 0 {
+						// lane t loads rank t's call right after the entry barrier
+						entry = val
+						if cfg.Calls != CallLate {
+							for _, t := range j.rng.Perm(cfg.Ranks) {
+								loaded[t] = cc.load(rank, t, b, j, pub)
+							}
+						}
+					}
+					if cc != nil && k%2 == 1 && cfg.Calls == CallLate {
+						for _, t := range j.rng.Perm(cfg.Ranks) {
+							if !cc.check(rank, b, t, call, entry, cc.load(rank, t, b, j, pub), j, pub) {
+								return
+							}
+						}
+					}
 					passed[rank][b].Add(1)
 					r.rounds.Add(1)
 					r.progress.Add(1)
@@ -226,7 +301,11 @@ func Barrier(ctx context.Context, cfg BarrierConfig) (Stats, error) {
 	}
 	wg.Wait()
 	end()
-	return r.result()
+	st, err := r.result()
+	if err == nil && cc != nil {
+		err = cc.result(cfg.Ranks, cfg.Blocks, cfg.Rounds/2)
+	}
+	return st, err
 }
 
 // startHistory sets the counters to the state Start completed barriers leave:

@@ -7,7 +7,7 @@
 //
 // Memory. Every rank's 16 KiB signal region is an array of u32 words at the
 // offsets of docs/kernel-abi.md (self_counter, peer_counter[2 phases],
-// push_epoch, push_pending), zeroed at creation; push receive buffers and
+// push_epoch, push_pending, call), zeroed at creation; push receive buffers and
 // one-shot input buffers are arrays of u32 elements. Every access is one
 // sync/atomic load or store, the counterpart of one ld/st in the kernel.
 //
@@ -20,9 +20,9 @@
 // Random yields, short sleeps and occasional millisecond stalls after each step
 // let one rank run a whole round ahead while another stalls.
 //
-// Barrier (Barrier; lines ② to ⑥ of the seed's barrier). Lane t < ws of block
-// b increments self_counter[b][t] (②), stores it to rank t's
-// peer_counter[val&1][b][rank] (③, st.volatile or st.release.sys), and spins
+// Barrier (Barrier; steps (2) to (6) of docs/kernel-abi.md's barrier). Lane t < ws of
+// block b increments self_counter[b][t] (2), stores it to rank t's
+// peer_counter[val&1][b][rank] (3, st.volatile or st.release.sys), and spins
 // until its own peer_counter[val&1][b][t] equals it (ld.volatile or
 // ld.acquire.sys, compared with != as a u32, so wrapping is harmless). The run
 // checks, at every pass of barrier k, that every rank's same block had arrived
@@ -36,6 +36,23 @@
 // peer_counter[0][b][t] is val-1 (rank t may already be at val+1). Its broken
 // variant CountingEqual (spin until the slot equals val) misses a peer one
 // barrier ahead and must be caught deadlocking.
+//
+// Call check (BarrierConfig.Calls; one-shot and two-shot). Barriers pair up into
+// calls. At a call's entry barrier lane 0 publishes the rank's call fingerprint
+// into call[b] as ptx.CallWords tagged with its round: four word stores that
+// stay pending and land one by one at random later steps of the block, so peers
+// may see none, some or all of them after the block's arrival (no fence orders
+// them). After the barrier lane t loads rank t's words one by one; before its
+// next arrival it tests them against its own call tagged with its round: equal
+// passes, another tag in any word loads again, the same tags with other bits is
+// a mismatch. Calls change from one call to the next, and Mismatches makes one
+// rank differ in chosen calls. The run fails with ErrFalseMismatch for any
+// report of equal calls and ErrMissedMismatch unless every pair of differing
+// ranks reported each other in every block; Stats.Unpublished counts checks
+// that met a call not yet visible. The broken variants CallUntagged (words
+// without the round: a peer's previous call counts as its call) and CallLate
+// (loaded and tested after the next arrival: the peer may have published its
+// next call) must be caught by a false mismatch and a deadlock.
 //
 // Push (Push). Receive buffer of rank r: [P parts][ws sources][n]; all-zero
 // bits mean "not arrived". Block b reads push_epoch[b] = t and uses part t;
@@ -85,8 +102,11 @@
 // orders to the whole block, and that 16-byte vector stores may land in parts
 // (the push model polls per element, which covers the protocol but not the
 // hardware). Also outside the model: the watchdog timeout path and error
-// record, the two-shot middle barrier and tmp-buffer reuse, and a block count
-// that changes between push calls. Forward progress is only in Residency,
+// record, the two-shot middle barrier and tmp-buffer reuse, a block count
+// that changes between push calls, push's call header (header[b] of each
+// receive slot, re-armed with the slot), mismatched calls whose grids differ
+// (blocks without a partner time out), and the tail store (p_tail), which
+// changes no protocol. Forward progress is only in Residency,
 // which counts slots in blocks of the largest size (ThreadsPerBlock), as
 // collective's caps do; the block scheduler's real packing of smaller blocks
 // is not modelled.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -63,6 +64,9 @@ func TestSignalLayout(t *testing.T) {
 			}
 		}
 		claim(pushEpochWord(b), 12288+4*b, fmt.Sprintf("push_epoch[%d]", b))
+		for i := range 4 {
+			claim(callWord(b, i), 13056+16*b+4*i, fmt.Sprintf("call[%d][%d]", b, i))
+		}
 		for i := range 2 {
 			claim(pushPendingWord(b, i), 12544+8*b+4*i, fmt.Sprintf("push_pending[%d][%d]", b, i))
 		}
@@ -239,4 +243,55 @@ func TestConfigErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "0 threads")
 	_, err = OneShot(ctx, OneShotConfig{Ranks: 0, Blocks: 1, Threads: 1})
 	assert.ErrorContains(t, err, "0 ranks")
+}
+
+// TestCallCheck runs the kernels' call check over both barriers: ranks that make the same
+// call are never reported, and every rank pair whose calls differ is reported by both ranks
+// in every block, also when the round numbers wrap; and the schedule really made checks meet
+// a peer's call before it was visible.
+func TestCallCheck(t *testing.T) {
+	for _, v := range []BarrierVariant{TwoPhase, Counting} {
+		for _, c := range []BarrierConfig{
+			{Ranks: 2, Blocks: 2, Rounds: 400, Mismatches: []int{3, 50, 51, 150}},
+			{Ranks: 3, Blocks: 2, Rounds: 300, Start: nearWrap, Mismatches: []int{0, 1, 2, 40}},
+			{Ranks: 4, Blocks: 2, Rounds: 200, Start: 0x1FFF0},
+			{Ranks: 8, Blocks: 1, Rounds: 120, Start: nearWrap, Mismatches: []int{7, 8, 9}},
+		} {
+			t.Run(fmt.Sprintf("%v_ws%d_b%d_start%#x", v, c.Ranks, c.Blocks, c.Start), func(t *testing.T) {
+				c.Variant, c.Calls, c.Seed = v, CallChecked, uint64(c.Ranks)
+				st, err := Barrier(testContext(t), c)
+				require.NoError(t, err)
+				assert.Equal(t, c.Ranks*c.Blocks*c.Rounds, st.Rounds)
+				assert.Positive(t, st.Unpublished, "no check met a call that was not visible yet: the schedule did not test the reload")
+				assert.Positive(t, st.Ahead)
+			})
+		}
+	}
+}
+
+// TestCallCheckBrokenCaught: words without the round's tag make a peer's previous call count
+// as its call (a false mismatch); a check after the lane's next arrival may meet the peer's
+// next call and never find this round's (a deadlock).
+func TestCallCheckBrokenCaught(t *testing.T) {
+	for _, v := range []BarrierVariant{TwoPhase, Counting} {
+		t.Run(fmt.Sprintf("untagged_%v", v), func(t *testing.T) {
+			_, err := catch(t, func(seed uint64) (Stats, error) {
+				// from a history of calls (Start): the stale words are a previous call's
+				return Barrier(testContext(t), BarrierConfig{Ranks: 3, Blocks: 2, Rounds: 300, Start: 0x100, Variant: v, Calls: CallUntagged, Seed: seed, Stall: brokenStall})
+			})
+			require.ErrorIs(t, err, ErrFalseMismatch)
+		})
+		t.Run(fmt.Sprintf("late_%v", v), func(t *testing.T) {
+			_, err := catch(t, func(seed uint64) (Stats, error) {
+				return Barrier(testContext(t), BarrierConfig{Ranks: 3, Blocks: 2, Rounds: 600, Variant: v, Calls: CallLate, Seed: seed, Stall: brokenStall})
+			})
+			var dl *DeadlockError
+			require.ErrorAs(t, err, &dl)
+			stuck := false
+			for _, w := range dl.Waits {
+				stuck = stuck || strings.HasPrefix(w.Slot, "call[")
+			}
+			assert.True(t, stuck, "no call check among the waits: %v", dl.Waits)
+		})
+	}
 }

@@ -41,6 +41,9 @@ func pushEpochWord(b int) int { return ptx.PushEpochOffset/4 + b }
 // pushPendingWord is push_pending[b][i]: i = 0 the element count, 1 the block size.
 func pushPendingWord(b, i int) int { return ptx.PushPendingOffset/4 + 2*b + i }
 
+// callWord is word i (0..3) of call[b], the call block b published with its entry barrier.
+func callWord(b, i int) int { return ptx.CallOffset/4 + 4*b + i }
+
 // newSignals returns one zeroed signal region per rank, as created.
 func newSignals(ranks int) []*signal {
 	s := make([]*signal, ranks)
@@ -62,6 +65,10 @@ var (
 	// ErrStaleRead: a one-shot block read a peer's input that the peer's next
 	// call had already overwritten (or that its current call had not written).
 	ErrStaleRead = errors.New("read another call's input")
+	// ErrFalseMismatch: a call check reported a peer whose call was the same.
+	ErrFalseMismatch = errors.New("call check reported a mismatch of equal calls")
+	// ErrMissedMismatch: ranks made different calls and a call check did not say so.
+	ErrMissedMismatch = errors.New("call check missed a mismatch")
 )
 
 // Wait is a spin loop that was still waiting when a deadlock stopped a run.
@@ -121,6 +128,9 @@ type Stats struct {
 	// a peer was still in round k: the overtaking that two phase slots, two
 	// push receive parts and the exit barrier exist for.
 	Ahead int
+	// Unpublished counts the call checks that found a peer's call of this round
+	// not yet (or only partly) visible and loaded it again.
+	Unpublished int
 }
 
 // DefaultStall is the progress watchdog's limit when a config leaves it 0:
@@ -135,6 +145,7 @@ type run struct {
 	stop     atomic.Bool
 	ahead    atomic.Int64
 	rounds   atomic.Int64
+	unpub    atomic.Int64
 
 	mu         sync.Mutex
 	err        error
@@ -203,7 +214,7 @@ func (r *run) watch(ctx context.Context) (end func()) {
 
 // result is the outcome once every goroutine of the run has returned.
 func (r *run) result() (Stats, error) {
-	st := Stats{Rounds: int(r.rounds.Load()), Ahead: int(r.ahead.Load())}
+	st := Stats{Rounds: int(r.rounds.Load()), Ahead: int(r.ahead.Load()), Unpublished: int(r.unpub.Load())}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.deadlocked {
@@ -235,6 +246,8 @@ func newRun(stall time.Duration) *run {
 type jitter struct {
 	rng   *rand.Rand
 	polls int // failed polls since the block last made progress
+	// drain, when set, lets stores the block issued earlier reach memory (see publisher)
+	drain func()
 }
 
 func newJitter(seed uint64, rank, block int) *jitter {
@@ -245,6 +258,9 @@ func newJitter(seed uint64, rank, block int) *jitter {
 // sleeps for longer and longer, up to 1 ms: busy spinning goroutines would
 // otherwise starve the ones they wait for when the test shares the CPUs.
 func (j *jitter) idle() {
+	if j.drain != nil {
+		j.drain()
+	}
 	j.polls++
 	if j.polls < 16 {
 		runtime.Gosched()
@@ -255,6 +271,9 @@ func (j *jitter) idle() {
 
 // pause is called after every modelled memory operation that made progress.
 func (j *jitter) pause() {
+	if j.drain != nil {
+		j.drain()
+	}
 	j.polls = 0
 	switch x := j.rng.IntN(1000); {
 	case x < 600:
