@@ -4,7 +4,7 @@ GO       ?= go
 PKGS     := ./...
 BUNDLE   := gpu-bundle
 # Packages whose tests hold GPU tests; each becomes one binary in the bundle.
-GPU_PKGS := driver collective internal/topology cmd/arsmoke
+GPU_PKGS := driver nccl collective internal/topology cmd/arsmoke
 
 # Every default build is cgo-free in what goccl links: NVML is bound through purego whatever
 # CGO_ENABLED says. The goccl_nvml_cgo tag swaps in NVIDIA's go-nvml (cgo); its C headers warn

@@ -37,6 +37,9 @@ func TestRefuseForeignPointers(t *testing.T) {
 	freed, err := ctx.Alloc(2 * count)
 	require.NoError(t, err)
 	require.NoError(t, ctx.Free(freed))
+	short, err := ctx.Alloc(count) // half of what the calls below reduce
+	require.NoError(t, err)
+	defer ctx.Free(short)
 
 	for _, tc := range []struct {
 		name string
@@ -46,7 +49,7 @@ func TestRefuseForeignPointers(t *testing.T) {
 		{"pageable Go memory", hostPtr, "not memory CUDA knows"},
 		{"freed allocation", freed, "not memory CUDA knows"},
 		{"pinned host memory", pinned.DevicePtr(), "memory: pass device memory"},
-		{"past the allocation's end", rb.in + 1<<20 - 16, "runs past the end of its allocation"},
+		{"past the allocation's end", short, "runs past the end of its allocation"},
 	} {
 		err := rb.comm.AllReduce(rb.stream, rb.out, tc.ptr, count, dtype.BFloat16)
 		require.ErrorIs(t, err, collective.ErrInvalidArgument, "src: %s", tc.name)
@@ -226,7 +229,8 @@ func TestAnyCount(t *testing.T) {
 	requireGPU(t)
 	rng := rand.New(rand.NewPCG(11, 12))
 	for _, ws := range []int{2, 3} {
-		g := newGroup(t, virtualRanks(ws), collective.Options{Timeout: 5 * time.Second}, 4<<20)
+		// room for the largest count and the guard after it
+		g := newGroup(t, virtualRanks(ws), collective.Options{Timeout: 5 * time.Second}, 4<<20+256)
 		for _, algo := range collective.Algorithms {
 			for _, dt := range dtype.All {
 				counts := []int{}

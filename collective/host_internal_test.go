@@ -154,7 +154,10 @@ func TestDrainWaitsForOwnWorkOnly(t *testing.T) {
 	defer cancel()
 	comms, err := NewGroup(ctx, []int{0, 0}, Options{Timeout: 5 * time.Second})
 	require.NoError(t, err)
-	dev := comms[0].Context()
+	// The test's own reference to the context: the communicators release theirs in Close.
+	dev, err := driver.PrimaryContext(comms[0].Device())
+	require.NoError(t, err)
+	defer dev.Close()
 	mod, err := dev.LoadModule("spin", []byte(spinPTX))
 	require.NoError(t, err)
 	defer mod.Close()
@@ -202,7 +205,9 @@ func TestCloseAfterFailedDrain(t *testing.T) {
 	defer cancel()
 	comms, err := NewGroup(ctx, []int{0, 0}, Options{Timeout: -1, Algorithm: OneShot})
 	require.NoError(t, err)
-	dev := comms[0].Context()
+	dev, err := driver.PrimaryContext(comms[0].Device())
+	require.NoError(t, err)
+	defer dev.Close()
 	streams := make([]*driver.Stream, len(comms))
 	bufs := make([]driver.DevicePtr, len(comms))
 	for r := range comms {

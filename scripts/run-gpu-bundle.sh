@@ -58,6 +58,10 @@ for bin in *.test; do
   if [ "$name" = collective ]; then
     run collective "./$bin" -test.v -test.skip '^TestMultiProcess$' || status=1
     with_mps run collective-multiprocess "./$bin" -test.v -test.run '^TestMultiProcess$' || status=1
+  elif [ "$name" = nccl ]; then
+    # Several NCCL ranks share the one GPU as separate hosts (NCCL_HOSTID per process).
+    run nccl "./$bin" -test.v -test.skip '^TestGPUMultiProcess$' || status=1
+    GOCCL_NCCL_TEST_RANKS=4 run nccl-multiprocess "./$bin" -test.v -test.run '^TestGPUMultiProcess$' || status=1
   elif [ "$name" = cmd_arsmoke ]; then
     run cmd_arsmoke "./$bin" -test.v -test.skip '^TestGPUProcs$' || status=1
     with_mps run cmd_arsmoke-procs "./$bin" -test.v -test.run '^TestGPUProcs$' || status=1
