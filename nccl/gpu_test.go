@@ -212,10 +212,16 @@ func TestGPUAllReduceWorldOne(t *testing.T) {
 		require.NoError(t, nb.Deregister(reg))
 	}
 
-	// A bad argument comes back with NCCL's own explanation.
-	err = nb.AllReduce(0, 0, 16, DataType(77), Sum, 0)
+	// A bad argument comes back with NCCL's own explanation. NCCL then keeps the error on the
+	// communicator (its finalize reports it again), so this one is aborted, not destroyed.
+	id3, err := GetUniqueID()
+	require.NoError(t, err)
+	bad, err := InitRankBlocking(id3, 1, 0, bindTo(c))
+	require.NoError(t, err)
+	err = bad.AllReduce(0, 0, 16, DataType(77), Sum, 0)
 	require.ErrorIs(t, err, ErrInvalidArgument)
 	t.Logf("bad data type: %v", err)
+	require.NoError(t, bad.Abort())
 }
 
 // TestGPUAllReduceHotPathAllocs: the real ncclAllReduce path allocates nothing in Go.
