@@ -187,11 +187,20 @@ func (cc *callChecker) check(rank, b, t, c int, val uint32, loaded [4]uint32, j 
 	}
 }
 
-// result compares the reports with the mismatches the run made: every rank pair with
-// different calls reported by both ranks in every block, and nothing else.
+// result compares the reports with the mismatches the run made (see compareReports).
 func (cc *callChecker) result(ranks, blocks, calls int) error {
+	cc.mu.Lock()
+	got := slices.Clone(cc.reports)
+	cc.mu.Unlock()
+	return compareReports("call check ("+cc.variant.String()+")", got, cc.mismatches, ranks, blocks, calls)
+}
+
+// compareReports checks the mismatches a run reported against those it made in its first
+// calls calls: every rank pair with different calls reported by both ranks in every block,
+// and nothing else.
+func compareReports(what string, got []callReport, mismatches []int, ranks, blocks, calls int) error {
 	var want []callReport
-	for _, c := range cc.mismatches {
+	for _, c := range mismatches {
 		if c >= calls {
 			continue
 		}
@@ -214,18 +223,15 @@ func (cc *callChecker) result(ranks, blocks, calls int) error {
 		return 0
 	}
 	slices.SortFunc(want, cmp)
-	cc.mu.Lock()
-	got := slices.Clone(cc.reports)
-	cc.mu.Unlock()
 	slices.SortFunc(got, cmp)
 	for _, g := range got {
 		if _, found := slices.BinarySearchFunc(want, g, cmp); !found {
-			return fmt.Errorf("protomodel: %w: %v check: rank %d block %d reported rank %d in call %d", ErrFalseMismatch, cc.variant, g.rank, g.block, g.peer, g.call)
+			return fmt.Errorf("protomodel: %w: %s: rank %d block %d reported rank %d in call %d", ErrFalseMismatch, what, g.rank, g.block, g.peer, g.call)
 		}
 	}
 	for _, w := range want {
 		if _, found := slices.BinarySearchFunc(got, w, cmp); !found {
-			return fmt.Errorf("protomodel: %w: %v check: rank %d block %d did not report rank %d in call %d", ErrMissedMismatch, cc.variant, w.rank, w.block, w.peer, w.call)
+			return fmt.Errorf("protomodel: %w: %s: rank %d block %d did not report rank %d in call %d", ErrMissedMismatch, what, w.rank, w.block, w.peer, w.call)
 		}
 	}
 	return nil

@@ -67,7 +67,13 @@
 // block size (the grid stays) and fresh random data, and every sum is
 // compared bitwise to internal/ref.Push. The broken variants OneHalf (no
 // alternation) and DeferredTwoParts (deferral with two parts) must be caught
-// by a wrong sum or a deadlock.
+// by a wrong sum or a deadlock. Call headers (PushConfig.Headers): lane s of
+// block b sends the call to header[b] of slot (t, rank) of rank s after its
+// sends, and after its receives waits for rank s's header, compares it with
+// its own call and zeroes it, in the same call also where the data's re-arm is
+// deferred; Mismatches makes one rank send another call (same shape). Reports
+// must be exactly the differing pairs (ErrFalseMismatch, ErrMissedMismatch);
+// the broken HeadersNotRearmed must be caught by a false mismatch.
 //
 // One-shot exit barrier (OneShot). Between calls a rank's input buffer is
 // overwritten by the next call's copy, which only waits for the rank's own
@@ -103,10 +109,11 @@
 // (the push model polls per element, which covers the protocol but not the
 // hardware). Also outside the model: the watchdog timeout path and error
 // record, the two-shot middle barrier and tmp-buffer reuse, a block count
-// that changes between push calls, push's call header (header[b] of each
-// receive slot, re-armed with the slot), mismatched calls whose grids differ
-// (blocks without a partner time out), and the tail store (p_tail), which
-// changes no protocol. Forward progress is only in Residency,
+// that changes between push calls, push calls whose counts differ between
+// ranks (a receiver then waits for data that never comes, and its lanes watch
+// the headers while waiting), mismatched pull calls whose grids differ (blocks
+// without a partner time out), and the tail store (p_tail), which changes no
+// protocol. Forward progress is only in Residency,
 // which counts slots in blocks of the largest size (ThreadsPerBlock), as
 // collective's caps do; the block scheduler's real packing of smaller blocks
 // is not modelled.

@@ -295,3 +295,24 @@ func TestCallCheckBrokenCaught(t *testing.T) {
 		})
 	}
 }
+
+// TestPushCallHeaders: the push call headers, re-armed in the call that read them also where
+// the data's re-arm is deferred, never report equal calls and report every differing pair in
+// every block; never re-armed, a part's next use finds an earlier call's header.
+func TestPushCallHeaders(t *testing.T) {
+	for _, v := range []PushVariant{Immediate, Deferred} {
+		for _, ranks := range []int{2, 3, 8} {
+			t.Run(fmt.Sprintf("%v_ws%d", v, ranks), func(t *testing.T) {
+				c := PushConfig{Ranks: ranks, Blocks: 2, Threads: 4, Elems: 32, Rounds: 120, Variant: v, Seed: uint64(ranks), Mismatches: []int{0, 5, 6, 50}}
+				st, err := Push(testContext(t), c)
+				require.NoError(t, err)
+				assert.Equal(t, c.Ranks*c.Blocks*c.Rounds, st.Rounds)
+				assert.Positive(t, st.Ahead)
+			})
+		}
+		t.Run(fmt.Sprintf("%v_not_rearmed", v), func(t *testing.T) {
+			_, err := Push(testContext(t), PushConfig{Ranks: 3, Blocks: 2, Threads: 4, Elems: 32, Rounds: 20, Variant: v, Headers: HeadersNotRearmed, Seed: 1, Stall: brokenStall})
+			require.ErrorIs(t, err, ErrFalseMismatch)
+		})
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,6 +85,37 @@ type PushConfig struct {
 	Seed uint64
 	// Stall is the progress watchdog's limit; 0 means DefaultStall.
 	Stall time.Duration
+	// Headers is the call-header protocol; the zero value is the kernels'.
+	Headers HeaderVariant
+	// Mismatches lists the calls (0, 1, ..) in which rank call%Ranks sends a
+	// different call header (the same shape and data: another element type).
+	Mismatches []int
+}
+
+// HeaderVariant selects how a push model's call headers are re-armed.
+type HeaderVariant int
+
+const (
+	// HeadersRearmed is the kernels' protocol: block b's lane s sends its call to
+	// header[b] of slot (t, rank) of rank s after its data; the receiver's lane s
+	// waits for rank s's header after its receives, compares it with its own call
+	// and zeroes it, in the same call even where the data's re-arm is deferred.
+	HeadersRearmed HeaderVariant = iota
+	// HeadersNotRearmed is deliberately broken: headers are never zeroed, so a
+	// part's next use finds the header of the call that used it before (a
+	// false mismatch).
+	HeadersNotRearmed
+)
+
+// String names the variant.
+func (v HeaderVariant) String() string {
+	switch v {
+	case HeadersRearmed:
+		return "headers-rearmed"
+	case HeadersNotRearmed:
+		return "headers-not-rearmed"
+	}
+	return fmt.Sprintf("HeaderVariant(%d)", int(v))
 }
 
 // pushCall is the shape of one call, the same on every rank.
@@ -101,6 +133,23 @@ type pushModel struct {
 	in    [][][]uint32      // in[k][r]: rank r's input of call k
 	want  [][]uint32        // want[k]: the call's sum as internal/ref.Push computes it
 	done  [][]atomic.Int64  // done[r][b]: calls block b of rank r has finished
+	hdr   [][]atomic.Uint32 // hdr[r]: rank r's call headers, [parts][ws sources][Blocks]
+
+	mu      sync.Mutex
+	reports []callReport // call headers that differed from the receiver's call
+}
+
+// header returns the index in hdr[r] of header[b] of slot (part t, source s).
+func (m *pushModel) header(t, s, b int) int { return (t*m.cfg.Ranks+s)*m.cfg.Blocks + b }
+
+// headerValue is the call header rank sends in call k: never 0, different for every call,
+// and different for the odd rank of a mismatched call.
+func (m *pushModel) headerValue(k, rank int) uint32 {
+	v := uint32(k+1) | 1<<31
+	if rank == k%m.cfg.Ranks && slices.Contains(m.cfg.Mismatches, k) {
+		v ^= 1 << 30
+	}
+	return v
 }
 
 // slot returns the index in a receive buffer of (part t, source s, element i):
@@ -129,7 +178,9 @@ func Push(ctx context.Context, cfg PushConfig) (Stats, error) {
 	}
 	m.recv = make([][]atomic.Uint32, cfg.Ranks)
 	m.done = make([][]atomic.Int64, cfg.Ranks)
+	m.hdr = make([][]atomic.Uint32, cfg.Ranks)
 	for r := range cfg.Ranks {
+		m.hdr[r] = make([]atomic.Uint32, cfg.Variant.parts()*cfg.Ranks*cfg.Blocks)
 		m.recv[r] = make([]atomic.Uint32, cfg.Variant.parts()*cfg.Ranks*cfg.Elems)
 		m.done[r] = make([]atomic.Int64, cfg.Blocks)
 		for b := range cfg.Blocks {
@@ -166,7 +217,13 @@ func Push(ctx context.Context, cfg PushConfig) (Stats, error) {
 	}
 	ranks.Wait()
 	end()
-	return m.run.result()
+	st, err := m.run.result()
+	if err == nil {
+		m.mu.Lock()
+		err = compareReports("push call headers ("+cfg.Headers.String()+")", m.reports, cfg.Mismatches, cfg.Ranks, cfg.Blocks, cfg.Rounds)
+		m.mu.Unlock()
+	}
+	return st, err
 }
 
 // data draws every call's inputs and computes the expected sums.
@@ -221,9 +278,12 @@ type pushOp struct {
 type pushOpKind int
 
 const (
-	opSend    pushOpKind = iota // store the element to slot (part, src = own rank) of rank
-	opReceive                   // poll slot (part, src) until non-zero and add it (src ws-1 checks the sum)
-	opRearm                     // store zero to the own slot (part, src)
+	opSend        pushOpKind = iota // store the element to slot (part, src = own rank) of rank
+	opReceive                       // poll slot (part, src) until non-zero and add it (src ws-1 checks the sum)
+	opRearm                         // store zero to the own slot (part, src)
+	opHeaderSend                    // store the call header to header[elem = block] of slot (part, src = own rank) of rank
+	opHeaderCheck                   // poll own header[block] of slot (part, src) until non-zero, compare it
+	opHeaderRearm                   // store zero to own header[block] of slot (part, src)
 )
 
 // pushThread is one modelled thread of a push block: its accesses, in order.
@@ -237,16 +297,25 @@ type pushThread struct {
 // the sends, the deferred re-arm of the previous call's part at the indices
 // that call gave this block (pending: its {elems, threads}, zero if none),
 // then every receive, each followed by its re-arm unless this call defers.
+// Lane s < ws also sends the call header to rank s after its sends, and checks
+// and re-arms rank s's header after its receives (the model's blocks may have
+// fewer threads than ranks, where a lane does only that).
 func (m *pushModel) threadOps(rank, b, th int, call pushCall, part, prev int, pending pushCall, deferred bool) []pushOp {
 	ws := m.cfg.Ranks
-	mine := threadElems(b, th, m.cfg.Blocks, call.threads, call.elems)
+	var mine []int
+	if th < call.threads {
+		mine = threadElems(b, th, m.cfg.Blocks, call.threads, call.elems)
+	}
 	var ops []pushOp
 	for _, i := range mine {
 		for r := range ws {
 			ops = append(ops, pushOp{opSend, r, part, rank, i})
 		}
 	}
-	for j := th; j < pending.threads; j += call.threads {
+	if th < ws {
+		ops = append(ops, pushOp{opHeaderSend, th, part, rank, b})
+	}
+	for j := th; th < call.threads && j < pending.threads; j += call.threads {
 		for _, i := range threadElems(b, j, m.cfg.Blocks, pending.threads, pending.elems) {
 			for s := range ws {
 				ops = append(ops, pushOp{opRearm, rank, prev, s, i})
@@ -261,6 +330,12 @@ func (m *pushModel) threadOps(rank, b, th int, call pushCall, part, prev int, pe
 			for s := range ws {
 				ops = append(ops, pushOp{opRearm, rank, part, s, i})
 			}
+		}
+	}
+	if th < ws {
+		ops = append(ops, pushOp{opHeaderCheck, rank, part, th, b})
+		if m.cfg.Headers != HeadersNotRearmed {
+			ops = append(ops, pushOp{opHeaderRearm, rank, part, th, b})
 		}
 	}
 	return ops
@@ -292,7 +367,7 @@ func (m *pushModel) block(rank, b, k int, j *jitter) (summed int) {
 	}
 
 	var running []*pushThread
-	for th := range call.threads {
+	for th := range max(call.threads, cfg.Ranks) {
 		if ops := m.threadOps(rank, b, th, call, part, prev, pending, deferred); len(ops) > 0 {
 			running = append(running, &pushThread{ops: ops})
 		}
@@ -300,11 +375,18 @@ func (m *pushModel) block(rank, b, k int, j *jitter) (summed int) {
 	for len(running) > 0 {
 		if m.run.stopped() {
 			for _, th := range running {
-				if op := th.ops[th.pos]; op.kind == opReceive {
+				switch op := th.ops[th.pos]; op.kind {
+				case opReceive:
 					m.run.blocked(Wait{
 						Rank: rank, Block: b, Peer: op.src,
 						Slot:  fmt.Sprintf("receive part %d source %d element %d", op.part, op.src, op.elem),
 						Holds: own[m.slot(op.part, op.src, op.elem)].Load(),
+					})
+				case opHeaderCheck:
+					m.run.blocked(Wait{
+						Rank: rank, Block: b, Peer: op.src,
+						Slot:  fmt.Sprintf("header[%d] of part %d source %d", b, op.part, op.src),
+						Holds: m.hdr[rank][m.header(op.part, op.src, b)].Load(),
 					})
 				}
 			}
@@ -345,6 +427,21 @@ func (m *pushModel) block(rank, b, k int, j *jitter) (summed int) {
 			}
 		case opRearm:
 			own[m.slot(op.part, op.src, op.elem)].Store(0)
+		case opHeaderSend:
+			m.hdr[op.rank][m.header(op.part, op.src, b)].Store(m.headerValue(k, rank))
+		case opHeaderCheck:
+			v := m.hdr[rank][m.header(op.part, op.src, b)].Load()
+			if v == 0 {
+				j.idle()
+				continue
+			}
+			if v != m.headerValue(k, rank) {
+				m.mu.Lock()
+				m.reports = append(m.reports, callReport{rank, b, op.src, k})
+				m.mu.Unlock()
+			}
+		case opHeaderRearm:
+			m.hdr[rank][m.header(op.part, op.src, b)].Store(0)
 		}
 		if th.pos++; th.pos == len(th.ops) {
 			running = append(running[:x], running[x+1:]...)
