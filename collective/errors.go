@@ -68,6 +68,8 @@ type KernelError struct {
 	SharedGPU bool
 }
 
+// Error says what the kernel recorded, naming the ranks, the phase and, for a mismatch, both
+// calls.
 func (e *KernelError) Error() string {
 	switch e.Code {
 	case ptx.ErrCodeTimeout:

@@ -119,6 +119,7 @@ type RefusedError struct {
 	Reasons map[int]string
 }
 
+// Error names each refusing rank with its reason, in rank order.
 func (e *RefusedError) Error() string {
 	ranks := slices.Sorted(maps.Keys(e.Reasons))
 	parts := make([]string, len(ranks))

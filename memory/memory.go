@@ -180,6 +180,7 @@ type Descriptor struct {
 	Handle driver.IPCMemHandle // legacy: the allocation's IPC handle
 }
 
+// DescriptorBytes is the size of a marshalled Descriptor: six 64-bit words and the IPC handle.
 const DescriptorBytes = 8*6 + len(driver.IPCMemHandle{})
 
 // MarshalBinary encodes d in a fixed-size little-endian form.
