@@ -211,33 +211,15 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 		Blocks: int64(c.opts.Blocks), PushBlocks: int64(c.opts.PushBlocks), ThreadsPerBlock: int64(c.opts.ThreadsPerBlock), MaxBytes: c.opts.MaxBytes,
 		PushMaxBytes: c.opts.PushMaxBytes, Algorithm: int64(c.opts.Algorithm), SystemScope: boolInt(c.opts.SystemScope),
 		NCCL: int64(c.opts.NCCL)}}
-	fd := -1
 	if c.size >= 2 && c.size <= ptx.MaxRanks && !c.noCustom {
-		// This rank can run the custom kernels: its part is ready before the exchange, which
-		// carries the arena's handle.
-		if mine.Arena, fd, err = c.prepareCustom(major, minor); err != nil {
-			return err
-		}
-		if fd >= 0 {
-			// The exported VMM fd only travels to the peers; it is ours to close however init ends.
-			defer unix.Close(fd)
-		}
-		mine.Custom = 1
-		mine.BlocksPerSM = int64(c.kernels.maxBlocksPerSM)
+		mine.Custom = 1 // this rank could run the custom kernels
 	}
-	blob, err := mine.marshal()
-	if err != nil {
-		return err
-	}
-	blobs, err := c.boot.AllGather(ctx, blob)
+	// Two rounds: the facts first, which tell whether the custom kernels can serve the
+	// communicator; only then what they need (kernels, arena), so that a communicator that
+	// NCCL alone serves compiles and allocates nothing for them.
+	infos, err := c.allGatherInfos(ctx, mine)
 	if err != nil {
 		return fmt.Errorf("exchange rank info: %w", err)
-	}
-	infos := make([]rankInfo, c.size)
-	for r, b := range blobs {
-		if infos[r], err = unmarshalRankInfo(b); err != nil {
-			return fmt.Errorf("rank info of rank %d: %w", r, err)
-		}
 	}
 	if err := agree(infos, c.rank); err != nil {
 		return err
@@ -252,12 +234,29 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 			return err
 		}
 	}
+	fd := -1
+	if c.custom {
+		var part rankInfo
+		if part.Arena, fd, err = c.prepareCustom(major, minor); err != nil {
+			return err
+		}
+		if fd >= 0 {
+			// The exported VMM fd only travels to the peers; it is ours to close however init ends.
+			defer unix.Close(fd)
+		}
+		part.BlocksPerSM = int64(c.kernels.maxBlocksPerSM)
+		parts, err := c.allGatherInfos(ctx, part)
+		if err != nil {
+			return fmt.Errorf("exchange the arenas: %w", err)
+		}
+		for r := range infos {
+			infos[r].BlocksPerSM, infos[r].Arena = parts[r].BlocksPerSM, parts[r].Arena
+		}
+	}
 	if c.custom {
 		if err := c.initCustom(ctx, infos, fd); err != nil {
 			return err
 		}
-	} else {
-		c.releaseCustom()
 	}
 	if err := c.initNCCL(ctx, infos); err != nil {
 		return err
@@ -271,6 +270,25 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	return nil
 }
 
+// allGatherInfos sends mine to every rank and returns every rank's.
+func (c *Comm) allGatherInfos(ctx context.Context, mine rankInfo) ([]rankInfo, error) {
+	blob, err := mine.marshal()
+	if err != nil {
+		return nil, err
+	}
+	blobs, err := c.boot.AllGather(ctx, blob)
+	if err != nil {
+		return nil, err
+	}
+	infos := make([]rankInfo, c.size)
+	for r, b := range blobs {
+		if infos[r], err = unmarshalRankInfo(b); err != nil {
+			return nil, fmt.Errorf("rank info of rank %d: %w", r, err)
+		}
+	}
+	return infos, nil
+}
+
 // customEligible says whether the custom kernels can serve ranks with these facts, and why not.
 func customEligible(infos []rankInfo) (bool, string) {
 	if n := len(infos); n < 2 || n > ptx.MaxRanks {
@@ -279,7 +297,7 @@ func customEligible(infos []rankInfo) (bool, string) {
 	for r, ri := range infos {
 		switch {
 		case ri.Custom == 0:
-			return false, fmt.Sprintf("rank %d was created for NCCL only (its GPUs are not eligible)", r)
+			return false, fmt.Sprintf("rank %d cannot run them (its GPUs are not eligible)", r)
 		case ri.Host != infos[0].Host:
 			return false, fmt.Sprintf("rank %d runs on another host than rank 0", r)
 		}
@@ -319,26 +337,6 @@ func (c *Comm) prepareCustom(major, minor int) (desc memory.Descriptor, fd int, 
 		return desc, fd, err
 	}
 	return c.arena.Describe()
-}
-
-// releaseCustom frees what prepareCustom made, for a communicator that NCCL alone serves.
-func (c *Comm) releaseCustom() {
-	if c.table != nil {
-		c.table.close()
-		c.table = nil
-	}
-	if c.errRec != nil {
-		c.errRec.Close()
-		c.errRec = nil
-	}
-	if c.arena != nil {
-		c.arena.Close()
-		c.arena = nil
-	}
-	if c.kernels != nil {
-		c.kernels.release()
-		c.kernels = nil
-	}
 }
 
 // initCustom maps the peers' arenas and sets the kernels' launch shape.

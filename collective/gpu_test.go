@@ -18,6 +18,7 @@ import (
 	"github.com/goccl/goccl/dtype"
 	"github.com/goccl/goccl/internal/gputest"
 	"github.com/goccl/goccl/internal/ref"
+	"github.com/goccl/goccl/ptx"
 )
 
 // requireGPU skips the test without a usable GPU (see internal/gputest).
@@ -381,6 +382,12 @@ func TestWatchdog(t *testing.T) {
 				require.ErrorAs(t, err, &ke)
 				require.Equal(t, r, ke.Rank)
 				require.Equal(t, ws-1, ke.Peer, "rank %d should name the missing rank: %v", r, err)
+				wantPhase := ptx.PhaseEntry
+				if algo == collective.Push {
+					wantPhase = ptx.PhasePush
+				}
+				require.Equal(t, wantPhase, ke.Phase, "rank %d should name the phase it waited in: %v", r, err)
+				require.Contains(t, err.Error(), wantPhase.String())
 				// Unusable afterwards, and says so.
 				require.ErrorIs(t, rb.comm.AllReduce(rb.stream, rb.out, rb.in, 8, dtype.BFloat16), collective.ErrUnusable)
 			}

@@ -21,6 +21,7 @@ import (
 	"github.com/goccl/goccl/collective"
 	"github.com/goccl/goccl/collective/bootstrap"
 	"github.com/goccl/goccl/dtype"
+	"github.com/goccl/goccl/internal/gputest"
 	"github.com/goccl/goccl/internal/ref"
 	"github.com/goccl/goccl/nccl"
 )
@@ -88,10 +89,13 @@ func TestNCCLMultiNode(t *testing.T) {
 }
 
 func runNCCLJob(t *testing.T, procs int, mode string) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	freePort := func() int {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer l.Close()
+		return l.Addr().(*net.TCPAddr).Port
+	}
+	port, port2 := freePort(), freePort()
 	token := make([]byte, 16)
 	rand.Read(token)
 	cmds := make([]*exec.Cmd, procs)
@@ -103,6 +107,9 @@ func runNCCLJob(t *testing.T, procs int, mode string) {
 			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port), bootstrap.AddrEnv+"=127.0.0.1:"+strconv.Itoa(port),
 			bootstrap.TokenEnv+"="+hex.EncodeToString(token),
 			"NCCL_HOSTID=goccl-test-host-"+strconv.Itoa(r), "NCCL_SOCKET_IFNAME=lo")
+		if mode == "sums" {
+			cmd.Env = append(cmd.Env, "GOCCL_TEST_ADDR2=127.0.0.1:"+strconv.Itoa(port2))
+		}
 		outs[r] = &bytes.Buffer{}
 		cmd.Stdout, cmd.Stderr = outs[r], outs[r]
 		require.NoError(t, cmd.Start())
@@ -139,9 +146,22 @@ func TestNCCLMultiNodeChild(t *testing.T) {
 	boot, err := bootstrap.FromEnv(ctx)
 	require.NoError(t, err)
 	const timeout = 5 * time.Second
+	start := time.Now()
 	comm, err := collective.New(ctx, 0, boot, collective.Options{NCCL: collective.NCCLAlways, Timeout: timeout})
 	require.NoError(t, err)
 	defer comm.Close()
+	withNCCL := time.Since(start)
+	if addr2 := os.Getenv("GOCCL_TEST_ADDR2"); addr2 != "" {
+		// The same processes as one host without NCCL (NCCL_HOSTID counts only for NCCL):
+		// goccl's kernels alone, for the init time NCCL adds.
+		boot2, err := bootstrap.NewTCP(ctx, rank, size, addr2, os.Getenv(bootstrap.TokenEnv), bootstrap.Options{})
+		require.NoError(t, err)
+		start = time.Now()
+		kernels, err := collective.New(ctx, 0, boot2, collective.Options{NCCL: collective.NCCLOff, Timeout: timeout})
+		require.NoError(t, err)
+		fmt.Printf("rank %d: New with NCCL alone %v, with goccl's kernels alone %v\n", rank, withNCCL.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+		require.NoError(t, kernels.Close())
+	}
 	require.Equal(t, collective.NCCL, comm.Selected(16, false), "ranks on several hosts: NCCL serves every call")
 	dev := comm.Context()
 	stream, err := dev.NewStream()
@@ -227,4 +247,65 @@ func smallIntegers(rng *mrand.Rand, dt dtype.DType, count int) []byte {
 		}
 	}
 	return out
+}
+
+// BenchmarkAllReduceHostNCCL measures the host cost of one AllReduce that goes to NCCL (a
+// communicator of one rank, 16 KiB of bf16): checks, routing, ncclAllReduce, and the events
+// that let the watchdog and Close follow the call. "bare" calls package nccl's AllReduce on the
+// same communicator, the binding alone; scripts/bench/nccl_allreduce.c is the C baseline.
+func BenchmarkAllReduceHostNCCL(b *testing.B) {
+	gputest.Require(b)
+	if err := nccl.Load(); err != nil {
+		b.Skipf("no usable libnccl: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	boots, err := bootstrap.NewInProcess(1)
+	require.NoError(b, err)
+	comm, err := collective.New(ctx, 0, boots[0], collective.Options{NCCL: collective.NCCLAlways})
+	require.NoError(b, err)
+	defer comm.Close()
+	dev := comm.Context()
+	stream, err := dev.NewStream()
+	require.NoError(b, err)
+	defer stream.Close()
+	const count = 8 << 10
+	buf, err := dev.Alloc(2 * count)
+	require.NoError(b, err)
+	defer dev.Free(buf)
+	bare, err := nccl.InitRankBlocking(mustID(b), 1, 0, func() error { _, _, err := dev.MemInfo(); return err })
+	require.NoError(b, err)
+	defer bare.Destroy(ctx)
+	for _, v := range []struct {
+		name string
+		call func() error
+	}{
+		{"collective", func() error { return comm.AllReduce(stream, buf, buf, count, dtype.BFloat16) }},
+		{"bare", func() error {
+			return bare.AllReduce(uint64(buf), uint64(buf), count, nccl.BFloat16, nccl.Sum, stream.Handle())
+		}},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for i := range b.N {
+				if err := v.call(); err != nil {
+					b.Fatal(err)
+				}
+				if i%64 == 63 {
+					b.StopTimer()
+					require.NoError(b, stream.Synchronize())
+					b.StartTimer()
+				}
+			}
+			b.StopTimer()
+			require.NoError(b, stream.Synchronize())
+			require.NoError(b, comm.Err())
+		})
+	}
+}
+
+func mustID(b *testing.B) nccl.UniqueID {
+	id, err := nccl.GetUniqueID()
+	require.NoError(b, err)
+	return id
 }

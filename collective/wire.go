@@ -17,7 +17,7 @@ type rankFacts struct {
 	Device      int64 // CUDA ordinal in its process
 	UUID        [16]byte
 	Host        [16]byte // hostID: ranks on other hosts cannot map each other's memory
-	Custom      int64    // 1 when the rank prepared the custom kernels (arena, kernels)
+	Custom      int64    // 1 when the rank could run the custom kernels
 	SMs         int64
 	BlocksPerSM int64
 	Major       int64 // compute capability
