@@ -10,7 +10,9 @@
 // With no flags it runs every visible GPU in one process, one rank per GPU
 // (with a single GPU: 8 virtual ranks on it), on bf16 messages of 1 KiB to
 // 8 MiB doubling, with the automatic algorithm, checks every result, prints a
-// table and a verdict, and exits 0 only if nothing was wrong.
+// table and a verdict, and exits 0 only if nothing was wrong. --backend nccl
+// measures NCCL instead, and --backend both measures the two side by side
+// (see NCCL below).
 //
 // # Flags
 //
@@ -19,14 +21,20 @@
 //	-b size       smallest message in bytes (default 1K). Sizes take the
 //	              suffixes K, M, G, optionally with B or iB, all powers of
 //	              1024 as in all_reduce_perf: 4096, 64K, 8M, 64MiB. Every
-//	              size must be a multiple of 16 bytes (the kernels move
-//	              16-byte vectors), and so of every element size.
+//	              size must be a whole number of elements, at least one
+//	              (a multiple of 2 bytes for bf16 and f16, of 4 for f32):
+//	              the kernels take any element count.
 //	-e size       largest message in bytes (default 8M); at least -b.
 //	-f factor     multiply the size by factor at each step (default 2, at
 //	              least 2). The sweep is -b, -b*f, ... up to -e.
 //	-d type       element type: bf16 (default), f16 or f32.
 //	-a algorithm  auto (default: the communicator's choice), oneshot,
-//	              twoshot, push, or all: one table per algorithm.
+//	              twoshot, push, or all: one table per algorithm. These are
+//	              goccl's; with --backend nccl, -a stays auto.
+//	--backend b   goccl (default): goccl's kernels, as -a says; nccl: every
+//	              call through NCCL; both: goccl's kernels and NCCL side by
+//	              side, one table per algorithm with the speedup. NCCL needs
+//	              libnccl and one rank per GPU, or --procs (see NCCL).
 //	-g            capture the all-reduces in a CUDA graph and replay it
 //	              (default: eager calls).
 //	-n iterations timed all-reduces per size and placement (default 100).
@@ -45,7 +53,9 @@
 //	              Unix socket. Ranks go to GPUs as with --ranks. Rank 0
 //	              prints the results; the others' messages come prefixed
 //	              with their rank. If one fails, the others are stopped; once
-//	              one has finished, the others get --timeout to follow.
+//	              one has finished, the others get --timeout to follow. With
+//	              --backend nccl or both and the processes on one GPU, each
+//	              gets its own NCCL_HOSTID (see NCCL).
 //	--timeout d   the longest wait for a peer (bootstrap, and the kernels'
 //	              watchdog) before the run fails naming the rank and the peer
 //	              (default 10s).
@@ -54,7 +64,58 @@
 //	--topo        print the GPUs and their links, and exit.
 //
 // Which GPUs are visible follows CUDA_VISIBLE_DEVICES. GOCCL_LIBCUDA is the
-// path of libcuda.so.1 when the driver is not where the dynamic loader looks.
+// path of libcuda.so.1 when the driver is not where the dynamic loader looks;
+// GOCCL_LIBNCCL that of libnccl.so.2.
+//
+// # NCCL
+//
+// goccl's communicators drive NCCL beside their kernels where they can: when
+// every rank's process loads libnccl and no two ranks of one host share a GPU
+// (NCCL takes one rank per GPU of a host).
+//
+// --backend goccl runs the library as a service would. With -a auto, where
+// the communicator can have NCCL (one rank per GPU, libnccl present) and the
+// sweep goes past 64 MiB, the kernels take the calls up to 64 MiB and NCCL
+// the larger ones; everywhere else (virtual ranks, processes on one GPU, no
+// libnccl, or -a naming a kernel) the kernels take every size. The path
+// column says what served each row: oneshot, twoshot, push or nccl.
+//
+// --backend nccl sends every call through NCCL. --backend both runs two
+// communicators in the same processes, one after the other: one of goccl's
+// kernels only, which take every size of the sweep, and one of NCCL only. At
+// each size NCCL follows goccl, and each row shows both times and the speedup,
+// NCCL's time over goccl's (above 1: goccl is faster); NCCL is measured once
+// per size and shown in every block of -a all.
+//
+// What each placement can show:
+//
+//   - one rank per GPU (several GPUs, one process or --procs): NCCL over its
+//     usual transports (NVLink, PCIe), goccl's kernels over peer access: the
+//     comparison that matters.
+//   - virtual ranks (ranks sharing a GPU in one process: one GPU, or
+//     --device): NCCL cannot run at all; --backend nccl or both is refused
+//     (exit 2): add --procs.
+//   - --procs N on one GPU: NCCL refuses ranks of one host on one GPU, so
+//     arsmoke gives each process its own NCCL_HOSTID (and
+//     NCCL_SOCKET_IFNAME=lo unless set): NCCL takes each process for a host of
+//     its own and connects them over TCP sockets through the loopback. goccl's
+//     kernels-only communicator ignores NCCL_HOSTID and still finds the
+//     processes on one host, sharing memory through CUDA IPC. Both results are
+//     checked, but NCCL's times are those of sockets through host memory, not
+//     of a GPU interconnect: they show that NCCL works through arsmoke, not
+//     how the two compare between GPUs. (With --backend goccl nothing is set,
+//     and the processes' communicators have no NCCL.)
+//
+// Checking: goccl's results are compared bitwise with the CPU reference of
+// the kernel that ran (internal/ref), which every rank matches. NCCL adds
+// the ranks' values in its own order and rounds in the element type after
+// each addition, so its results are compared with the exact sum: an element
+// passes when |got - sum| <= n * u * sum_r |x_r| (n ranks; u = 2^-8 for bf16,
+// 2^-11 for f16, 2^-24 for f32; plus n times half the smallest subnormal,
+// for roundings near zero). NaN never passes, and neither does an infinity,
+// except where the order can make one: inputs of one sign that add up past
+// the largest finite value allow that sign's infinity (the exact sum may
+// still be finite), and both signs' together allow NaN.
 //
 // # Output
 //
@@ -63,8 +124,13 @@
 // rank's process, device, PCI bus id and name. Then, for each algorithm, one
 // row per size:
 //
-//	size (B), count (elements), type, redop (sum), root (-1: none),
+//	size (B), count (elements), type, redop (sum), root (-1: none), path,
 //	then out of place and in place: time (us), algbw (GB/s), busbw (GB/s), #wrong
+//
+// path is what served the row (oneshot, twoshot, push or nccl; out of place
+// and in place when they differ, as oneshot/twoshot). With --backend both a
+// row has, out of place and in place: goccl's time (us), NCCL's time (us),
+// the speedup (NCCL's time / goccl's), and #wrong for both together.
 //
 // time is the mean of one all-reduce over -n iterations on the slowest rank;
 // algbw is size / time; busbw = algbw * 2(n-1)/n for n ranks, comparable with
@@ -75,17 +141,27 @@
 //	# Out of bounds values : 0 OK        (or: N FAILED)
 //	# Avg bus bandwidth    : 123.4567    (GB/s, mean over the rows, both placements)
 //
+// and with --backend both
+//
+//	# Avg bus bandwidth    : 123.4567 goccl, 98.7654 nccl
+//	# Avg speedup          : 1.25x (geometric mean of NCCL's time / goccl's)
+//
 // and the last line is the verdict, for example
 //
 //	arsmoke: PASS — 8 ranks, bf16, 14 sizes, 0 wrong
 //	arsmoke: FAIL — 8 ranks, bf16, 14 sizes, 3 wrong; first: auto, 4096 B in-place, rank 3, element 17: expected 0x3f80 (1), got 0x0000 (0)
 //	arsmoke: DONE — 8 ranks, bf16, 14 sizes, results not checked (-c 0)
+//	arsmoke: PASS — 2 ranks, bf16, 14 sizes, goccl beside NCCL, 0 wrong
 //
 // With --json, stdout is one JSON object with the same content: the header
-// fields (goccl, host, driver, mode, ranks, dtype, min_bytes, max_bytes,
-// factor, sizes, warmup, iters, graph, check, devices), blocks (algo, rows,
-// wrong, avg_busbw_gbps; each row has bytes, count, type, redop, root,
-// out_of_place and in_place with time_us, algbw_gbps, busbw_gbps, wrong),
+// fields (goccl, host, driver, mode, backend, nccl: libnccl's version when
+// used, kernel_max_bytes: the kernels' largest call when NCCL takes the
+// larger ones, ranks, dtype, min_bytes, max_bytes, factor, sizes, warmup,
+// iters, graph, check, devices), blocks (algo, backend, rows, wrong,
+// avg_busbw_gbps, and with both nccl_avg_busbw_gbps and avg_speedup; each row
+// has bytes, count, type, redop, root, out_of_place and in_place with path,
+// time_us, algbw_gbps, busbw_gbps, wrong, and with both nccl (NCCL's
+// measurement, the same fields) and speedup),
 // first_mismatch when something was wrong, error when the run stopped early,
 // and verdict (pass, line). A failure also prints the verdict line on stderr.
 //
@@ -99,5 +175,6 @@
 //	   asked, a timeout (the message names the rank and the peer it waited
 //	   for), wrong results (how many, and the first with its rank, index,
 //	   expected and actual value), a --procs child that failed or hung
-//	2  bad flags; the message names the flag
+//	2  bad flags (the message names the flag), or a --backend that cannot run
+//	   with the ranks placed as asked (NCCL on virtual ranks)
 package main

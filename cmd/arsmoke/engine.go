@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/goccl/goccl/collective"
 	"github.com/goccl/goccl/dtype"
 )
 
@@ -36,11 +37,32 @@ type engineConfig struct {
 	// Proc is set in a --procs child: join the others through the
 	// Unix-socket bootstrap. Nil when one process drives every rank.
 	Proc *procInfo
-	// MaxBytes is the largest message of the sweep.
+	// MaxBytes is the largest message of the sweep: every rank's input and
+	// output buffers hold it.
 	MaxBytes int64
+	// Goccl is the communicator that runs goccl's kernels (Case.Backend
+	// "goccl"); nil with --backend nccl.
+	Goccl *gocclSpec
+	// NCCL asks for a second communicator, created after the first, that
+	// runs every call through NCCL (Options.NCCL NCCLAlways; Case.Backend
+	// "nccl"): --backend nccl or both. In a --procs child it joins the
+	// others through a socket of its own (procInfo.socket).
+	NCCL bool
 	// Timeout bounds every wait on a peer: the bootstrap and the kernels'
 	// watchdog (--timeout).
 	Timeout time.Duration
+}
+
+// gocclSpec is what differs between the goccl communicators of arsmoke's
+// runs (see planEngine).
+type gocclSpec struct {
+	// MaxBytes and PushMaxBytes are the communicator's Options: multiples
+	// of 16; PushMaxBytes 0 leaves the library's default.
+	MaxBytes, PushMaxBytes int64
+	// NCCL is the communicator's Options.NCCL: NCCLAuto lets NCCL take the
+	// calls past MaxBytes where it can be initialised, NCCLOff keeps every
+	// call on the kernels.
+	NCCL collective.NCCLMode
 }
 
 // procInfo tells a --procs child who it is and where to meet the others.
@@ -64,6 +86,9 @@ type Header struct {
 	// Devices has one entry per rank, in rank order. A --procs child may only
 	// know its own.
 	Devices []RankDevice
+	// NCCL is the version of libnccl when a communicator of the run has
+	// NCCL, e.g. "2.21.5"; "" otherwise.
+	NCCL string
 }
 
 // RankDevice is the GPU of one rank.
@@ -78,12 +103,15 @@ type RankDevice struct {
 // Case is one measurement of the sweep: one size, one algorithm, in or out
 // of place.
 type Case struct {
-	// Bytes is the message size of every rank, a multiple of 16.
+	// Bytes is the message size of every rank, a whole number of elements.
 	Bytes int64
 	// DType is the element type.
 	DType dtype.DType
-	// Algo is "auto" (the communicator's selection) or the algorithm to
-	// force: "oneshot", "twoshot" or "push".
+	// Backend is the communicator that runs the case: "goccl" or "nccl"
+	// (see engineConfig).
+	Backend string
+	// Algo is, for goccl, "auto" (the communicator's selection) or the
+	// algorithm to force: "oneshot", "twoshot" or "push"; for nccl, "nccl".
 	Algo string
 	// Graph captures the all-reduce in a CUDA graph and replays it instead
 	// of calling it eagerly.
@@ -93,8 +121,9 @@ type Case struct {
 	// Iters is the number of timed all-reduces, after Warmup untimed ones.
 	Iters, Warmup int
 	// Check asks for a correctness check: fresh random inputs, outputs
-	// poisoned before the run, every rank's output compared bitwise with
-	// internal/ref and with the other ranks'.
+	// poisoned before the run, every rank's output compared with the
+	// reference: bitwise with internal/ref's for goccl's kernels, within
+	// ncclTolerance of the exact sum for NCCL (see checkNCCL).
 	Check bool
 }
 
@@ -103,8 +132,11 @@ type Measurement struct {
 	// Time is the mean time of one all-reduce over Iters, on the slowest
 	// rank.
 	Time time.Duration
+	// Path is what served the calls: "oneshot", "twoshot", "push" or
+	// "nccl" (an Algo "auto" resolved by the communicator).
+	Path string
 	// Wrong counts the elements, summed over the ranks, that differ from the
-	// reference or between ranks; 0 when Check is off.
+	// reference (for NCCL: by more than its tolerance); 0 when Check is off.
 	Wrong int64
 	// First is the first wrong element; nil when Wrong is 0.
 	First *Mismatch

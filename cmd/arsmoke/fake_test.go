@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/goccl/goccl/collective"
 )
 
 // envFake makes a --procs child started by a test use a fake engine; its
@@ -34,7 +36,8 @@ func TestMain(m *testing.M) {
 }
 
 // fakeEngine replays recorded results: a time model of 8 us plus the bytes
-// at 200 GB/s (in place 5% faster), and whatever measure overrides.
+// at 200 GB/s for goccl, 20 us plus the bytes at 150 GB/s for NCCL (in place
+// 5% faster), and whatever measure overrides.
 type fakeEngine struct {
 	cfg     engineConfig
 	measure func(Case) (Measurement, error)
@@ -46,6 +49,9 @@ func newFake(cfg engineConfig) *fakeEngine { return &fakeEngine{cfg: cfg} }
 
 func (f *fakeEngine) Describe() Header {
 	h := Header{Host: "h200-test", Driver: "12.8"}
+	if f.cfg.NCCL || (f.cfg.Goccl != nil && f.cfg.Goccl.NCCL == collective.NCCLAuto && !sharesGPU(f.cfg.Devices)) {
+		h.NCCL = "2.21.5"
+	}
 	first := 0
 	if f.cfg.Proc != nil {
 		first = f.cfg.Proc.Rank
@@ -74,19 +80,29 @@ func (f *fakeEngine) Close() error {
 
 func recorded(c Case) Measurement {
 	ns := 8000 + c.Bytes/200
+	path := c.Algo
+	switch {
+	case c.Backend == backendNCCL:
+		ns = 20000 + c.Bytes/150
+	case path == "auto" && c.Bytes <= 512<<10:
+		path = "oneshot"
+	case path == "auto":
+		path = "twoshot"
+	}
 	if c.InPlace {
 		ns = ns * 95 / 100
 	}
-	return Measurement{Time: time.Duration(ns)}
+	return Measurement{Time: time.Duration(ns), Path: path}
 }
 
 // useFake makes run() see visible GPUs and build the engine returned by
 // build, for the rest of the test.
 func useFake(t *testing.T, visible int, build func(engineConfig) (engine, error)) {
 	t.Helper()
-	oldCount, oldNew, oldVersion := countDevices, newEngine, gocclVersion
-	t.Cleanup(func() { countDevices, newEngine, gocclVersion = oldCount, oldNew, oldVersion })
+	oldCount, oldNew, oldVersion, oldLoads := countDevices, newEngine, gocclVersion, ncclLoads
+	t.Cleanup(func() { countDevices, newEngine, gocclVersion, ncclLoads = oldCount, oldNew, oldVersion, oldLoads })
 	countDevices = func() (int, error) { return visible, nil }
+	ncclLoads = func() bool { return true }
 	newEngine = func(_ context.Context, cfg engineConfig) (engine, error) { return build(cfg) }
 	gocclVersion = "v0.1.0-test"
 }
@@ -97,6 +113,7 @@ func useFake(t *testing.T, visible int, build func(engineConfig) (engine, error)
 func installFake(mode string) {
 	gocclVersion = "v0.1.0-test"
 	countDevices = func() (int, error) { return 1, nil }
+	ncclLoads = func() bool { return true }
 	newEngine = func(_ context.Context, cfg engineConfig) (engine, error) {
 		if cfg.Proc == nil {
 			return nil, errors.New("fake child: no procInfo")

@@ -13,20 +13,27 @@ import (
 
 // Limits of the flags.
 const (
-	vectorBytes = 16 // the kernels move 16-byte vectors
-	minWorld    = 2
-	maxWorld    = 16
+	minWorld = 2
+	maxWorld = 16
 )
 
 // algorithms are the algorithms -a all measures, one block each.
 var algorithms = []string{"oneshot", "twoshot", "push"}
+
+// The backends of --backend.
+const (
+	backendGoccl = "goccl" // goccl's kernels, as chosen by -a
+	backendNCCL  = "nccl"  // every call through NCCL
+	backendBoth  = "both"  // goccl's kernels and NCCL side by side
+)
 
 // config is the validated command line.
 type config struct {
 	minBytes, maxBytes int64
 	factor             int64
 	dtype              dtype.DType
-	algos              []string
+	algos              []string // with --backend nccl: just "nccl"
+	backend            string
 	graph              bool
 	iters, warmup      int
 	check              bool
@@ -44,6 +51,7 @@ type options struct {
 	config
 	dtypeName  string
 	algoName   string
+	backend    string
 	checkFlag  int
 	deviceFlag string
 	minSize    byteSize
@@ -61,6 +69,7 @@ func (o *options) flagSet() *flag.FlagSet {
 	fs.Int64Var(&o.factor, "f", 2, "multiply the size by `factor` from one step to the next")
 	fs.StringVar(&o.dtypeName, "d", "bf16", "element `type`: bf16, f16 or f32")
 	fs.StringVar(&o.algoName, "a", "auto", "`algorithm`: auto, oneshot, twoshot, push, or all (one block each)")
+	fs.StringVar(&o.backend, "backend", backendGoccl, "`engine`: goccl (its kernels), nccl (every call through NCCL), or both side by side")
 	fs.BoolVar(&o.graph, "g", false, "capture the all-reduces in a CUDA graph and replay it")
 	fs.IntVar(&o.iters, "n", 100, "timed `iterations` per size")
 	fs.IntVar(&o.warmup, "w", 10, "untimed warm-up `iterations` per size")
@@ -95,16 +104,19 @@ func parseArgs(args []string) (config, error) {
 		return config{}, fmt.Errorf("unexpected argument %q: arsmoke takes flags only", fs.Arg(0))
 	}
 	c := o.config
+	dt, err := dtype.Parse(o.dtypeName)
+	if err != nil {
+		return config{}, fmt.Errorf("-d: %w", err)
+	}
+	c.dtype = dt
 	c.minBytes, c.maxBytes = int64(o.minSize), int64(o.maxSize)
 	for _, s := range []struct {
 		name string
 		v    int64
 	}{{"-b", c.minBytes}, {"-e", c.maxBytes}} {
-		if s.v < vectorBytes || s.v%vectorBytes != 0 {
-			// 16 is a multiple of every element size, so this also keeps
-			// whole elements.
-			return config{}, fmt.Errorf("%s %v: must be a positive multiple of %d bytes (the kernels move %d-byte vectors)",
-				s.name, byteSize(s.v), vectorBytes, vectorBytes)
+		if size := int64(dt.Size()); s.v < size || s.v%size != 0 {
+			return config{}, fmt.Errorf("%s %v: must be a whole number of %v elements, at least one: a positive multiple of %d bytes",
+				s.name, byteSize(s.v), dt, size)
 		}
 	}
 	if c.minBytes > c.maxBytes {
@@ -113,11 +125,6 @@ func parseArgs(args []string) (config, error) {
 	if c.factor < 2 {
 		return config{}, fmt.Errorf("-f %d: must be at least 2", c.factor)
 	}
-	dt, err := dtype.Parse(o.dtypeName)
-	if err != nil {
-		return config{}, fmt.Errorf("-d: %w", err)
-	}
-	c.dtype = dt
 	switch o.algoName {
 	case "all":
 		c.algos = algorithms
@@ -125,6 +132,16 @@ func parseArgs(args []string) (config, error) {
 		c.algos = []string{o.algoName}
 	default:
 		return config{}, fmt.Errorf("-a %q: unknown algorithm: use auto, oneshot, twoshot, push or all", o.algoName)
+	}
+	switch c.backend = o.backend; c.backend {
+	case backendGoccl, backendBoth:
+	case backendNCCL:
+		if o.algoName != "auto" {
+			return config{}, fmt.Errorf("-a %s picks goccl's kernels, but --backend nccl runs every call through NCCL: drop -a, or use --backend both to compare them with NCCL", o.algoName)
+		}
+		c.algos = []string{backendNCCL}
+	default:
+		return config{}, fmt.Errorf("--backend %q: unknown backend: use goccl, nccl or both", o.backend)
 	}
 	if c.iters < 1 {
 		return config{}, fmt.Errorf("-n %d: must be at least 1", c.iters)

@@ -16,18 +16,18 @@ func TestParseDefaults(t *testing.T) {
 	c, err := parseArgs(nil)
 	require.NoError(t, err)
 	assert.Equal(t, config{
-		minBytes: 1 << 10, maxBytes: 8 << 20, factor: 2, dtype: dtype.BFloat16, algos: []string{"auto"},
+		minBytes: 1 << 10, maxBytes: 8 << 20, factor: 2, dtype: dtype.BFloat16, algos: []string{"auto"}, backend: "goccl",
 		iters: 100, warmup: 10, check: true, device: -1, timeout: 10 * time.Second,
 	}, c)
 	assert.Len(t, c.sizes(), 14)
 }
 
 func TestParseEveryFlag(t *testing.T) {
-	c, err := parseArgs(strings.Fields("-b 64MiB -e 1G -f 4 -d f32 -a all -g -n 5 -w 0 -c 0 --ranks 4 --device 1 --timeout 3s --json"))
+	c, err := parseArgs(strings.Fields("-b 64MiB -e 1G -f 4 -d f32 -a all --backend both -g -n 5 -w 0 -c 0 --ranks 4 --device 1 --timeout 3s --json"))
 	require.NoError(t, err)
 	assert.Equal(t, config{
 		minBytes: 64 << 20, maxBytes: 1 << 30, factor: 4, dtype: dtype.Float32, algos: []string{"oneshot", "twoshot", "push"},
-		graph: true, iters: 5, warmup: 0, ranks: 4, device: 1, timeout: 3 * time.Second, json: true,
+		backend: "both", graph: true, iters: 5, warmup: 0, ranks: 4, device: 1, timeout: 3 * time.Second, json: true,
 	}, c)
 
 	c, err = parseArgs(strings.Fields("--procs 4 --device 0 --topo -a push -d half"))
@@ -37,6 +37,23 @@ func TestParseEveryFlag(t *testing.T) {
 	assert.True(t, c.topo)
 	assert.Equal(t, []string{"push"}, c.algos)
 	assert.Equal(t, dtype.Float16, c.dtype)
+	assert.Equal(t, "goccl", c.backend)
+
+	// --backend nccl measures one block, NCCL's.
+	c, err = parseArgs(strings.Fields("--backend nccl --procs 2"))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"nccl"}, c.algos)
+	assert.Equal(t, "nccl", c.backend)
+}
+
+// Any whole number of elements is a size: the kernels take any count.
+func TestParseOddSizes(t *testing.T) {
+	c, err := parseArgs(strings.Fields("-b 6 -e 100 -f 4"))
+	require.NoError(t, err)
+	assert.Equal(t, []int64{6, 24, 96}, c.sizes())
+	c, err = parseArgs(strings.Fields("-d f32 -b 4 -e 4"))
+	require.NoError(t, err)
+	assert.Equal(t, []int64{4}, c.sizes())
 }
 
 func TestByteSize(t *testing.T) {
@@ -67,29 +84,36 @@ func TestUsageErrors(t *testing.T) {
 		return nil, nil
 	})
 	for args, want := range map[string]string{
-		"-b 100":              "-b 100: must be a positive multiple of 16 bytes",
-		"-b 0":                "-b 0: must be a positive multiple of 16 bytes",
-		"-e 1000":             "-e 1000: must be a positive multiple of 16 bytes",
-		"-b 8M -e 1M":         "-b 8M is larger than -e 1M",
-		"-b 1Q":               `invalid value "1Q" for flag -b: not a size`,
-		"-f 1":                "-f 1: must be at least 2",
-		"-d int8":             `-d: unknown element type "int8"`,
-		"-a ring":             `-a "ring": unknown algorithm`,
-		"-n 0":                "-n 0: must be at least 1",
-		"-n many":             `invalid value "many" for flag -n`,
-		"-w -1":               "-w -1: must not be negative",
-		"-c 2":                "-c 2: use 1 to check the results or 0 not to",
-		"--ranks 1":           "--ranks 1: must be between 2 and 16",
-		"--ranks 17":          "--ranks 17: must be between 2 and 16",
-		"--device x":          `--device "x": want a GPU index`,
-		"--device -1":         `--device "-1": want a GPU index`,
-		"--procs 1":           "--procs 1: must be between 2 and 16",
-		"--procs 2 --ranks 2": "--ranks and --procs exclude each other",
-		"--timeout 0s":        "--timeout 0s: must be positive",
-		"--timeout soon":      `invalid value "soon" for flag -timeout`,
-		"--topo --json":       "--topo prints text only",
-		"-n 5 extra":          `unexpected argument "extra"`,
-		"--bogus":             "flag provided but not defined: -bogus",
+		"-b 101":                 "-b 101: must be a whole number of bf16 elements, at least one: a positive multiple of 2 bytes",
+		"-b 0":                   "-b 0: must be a whole number of bf16 elements",
+		"-b 16 -e 1002 -d f32":   "-e 1002: must be a whole number of f32 elements, at least one: a positive multiple of 4 bytes",
+		"-b 2 -d f32":            "-b 2: must be a whole number of f32 elements",
+		"-b 8M -e 1M":            "-b 8M is larger than -e 1M",
+		"-b 1Q":                  `invalid value "1Q" for flag -b: not a size`,
+		"-f 1":                   "-f 1: must be at least 2",
+		"-d int8":                `-d: unknown element type "int8"`,
+		"-a ring":                `-a "ring": unknown algorithm`,
+		"--backend mpi":          `--backend "mpi": unknown backend: use goccl, nccl or both`,
+		"--backend nccl -a push": "-a push picks goccl's kernels, but --backend nccl runs every call through NCCL: drop -a, or use --backend both",
+		"--backend nccl -a all":  "-a all picks goccl's kernels",
+		// One GPU visible: the default ranks are virtual ranks, which NCCL cannot serve.
+		"--backend nccl":                      "--backend nccl: the 8 ranks would be virtual ranks sharing GPU 0 in one process, and NCCL takes one rank per GPU: add --procs 8",
+		"--backend both --ranks 2 --device 0": "--backend both: the 2 ranks would be virtual ranks sharing GPU 0 in one process",
+		"-n 0":                                "-n 0: must be at least 1",
+		"-n many":                             `invalid value "many" for flag -n`,
+		"-w -1":                               "-w -1: must not be negative",
+		"-c 2":                                "-c 2: use 1 to check the results or 0 not to",
+		"--ranks 1":                           "--ranks 1: must be between 2 and 16",
+		"--ranks 17":                          "--ranks 17: must be between 2 and 16",
+		"--device x":                          `--device "x": want a GPU index`,
+		"--device -1":                         `--device "-1": want a GPU index`,
+		"--procs 1":                           "--procs 1: must be between 2 and 16",
+		"--procs 2 --ranks 2":                 "--ranks and --procs exclude each other",
+		"--timeout 0s":                        "--timeout 0s: must be positive",
+		"--timeout soon":                      `invalid value "soon" for flag -timeout`,
+		"--topo --json":                       "--topo prints text only",
+		"-n 5 extra":                          `unexpected argument "extra"`,
+		"--bogus":                             "flag provided but not defined: -bogus",
 	} {
 		var out, errOut bytes.Buffer
 		assert.Equal(t, exitUsage, run(strings.Fields(args), &out, &errOut), args)

@@ -7,7 +7,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"sync"
@@ -18,6 +20,7 @@ import (
 	"github.com/goccl/goccl/driver"
 	"github.com/goccl/goccl/internal/ref"
 	"github.com/goccl/goccl/internal/topology"
+	"github.com/goccl/goccl/nccl"
 )
 
 // errNoDriver is the error countDevices wraps when libcuda.so.1 cannot be loaded;
@@ -47,80 +50,156 @@ var showTopo = func(ctx context.Context, w io.Writer) error {
 	return t.Render(w)
 }
 
+// ncclLoads says whether this process can load libnccl (planEngine).
+var ncclLoads = func() bool { return nccl.Load() == nil }
+
 // gpuEngine runs arsmoke's cases on the ranks of one process: all of them (collective.
-// NewGroup, possibly virtual ranks) or one (a --procs child, collective.New).
+// NewGroup, possibly virtual ranks) or one (a --procs child, collective.New). Each rank has
+// up to two communicators (see planEngine) sharing its stream and buffers.
 type gpuEngine struct {
-	cfg    engineConfig
-	world  int // ranks in the communicator, all processes
-	first  int // rank of ranks[0]
-	ranks  []*engineRank
-	header Header
-	rng    *rand.Rand
+	cfg     engineConfig
+	world   int // ranks in the communicator, all processes
+	first   int // rank of ranks[0]
+	ranks   []*engineRank
+	header  Header
+	rng     *rand.Rand
+	sockets int // bootstrap sockets used so far, in a --procs child
 }
 
-// engineRank is one rank's communicator, stream and buffers.
+// engineRank is one rank's communicators, stream and buffers.
 type engineRank struct {
-	comm       *collective.Comm
+	goccl      *collective.Comm // goccl's kernels (Case.Backend "goccl"); nil with --backend nccl
+	nccl       *collective.Comm // every call through NCCL; nil with --backend goccl
 	stream     *driver.Stream
 	in, out    driver.DevicePtr
 	start, end *driver.Event     // timing on the rank's own stream
 	graph      *collective.Graph // timeGraph's capture, closed when it returns
 }
 
+// comm returns the rank's communicator of backend.
+func (r *engineRank) comm(backend string) *collective.Comm {
+	if backend == backendNCCL {
+		return r.nccl
+	}
+	return r.goccl
+}
+
+// context is the rank's CUDA context, which both communicators share (the device's primary
+// context).
+func (r *engineRank) context() *driver.Context {
+	if r.goccl != nil {
+		return r.goccl.Context()
+	}
+	return r.nccl.Context()
+}
+
+// hasNCCL reports whether c has NCCL: the selection hands NCCL the calls past MaxBytes when
+// it does.
+func hasNCCL(c *collective.Comm) bool { return c.Selected(math.MaxInt64, true) == collective.NCCL }
+
+// kernelsServe reports whether goccl's kernels serve c: NCCL takes even the smallest call of
+// a communicator they cannot serve.
+func kernelsServe(c *collective.Comm) bool { return c.Selected(16, true) != collective.NCCL }
+
 func newGPUEngine(ctx context.Context, cfg engineConfig) (_ *gpuEngine, err error) {
-	// Push takes every size of the sweep, so that -a push and -a all can measure it anywhere.
-	maxBytes := max(cfg.MaxBytes, 16)
-	// Each graph's buffers take registration slots until the graph is closed.
-	opts := collective.Options{MaxBytes: maxBytes, PushMaxBytes: maxBytes, Timeout: cfg.Timeout}
 	e := &gpuEngine{cfg: cfg, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))}
 	defer func() {
 		if err != nil {
 			e.Close()
 		}
 	}()
-	var comms []*collective.Comm
-	bctx, cancel := context.WithTimeout(ctx, cfg.Timeout+30*time.Second)
-	defer cancel()
-	if cfg.Proc != nil {
-		boot, err := bootstrap.NewUnix(bctx, cfg.Proc.Socket, cfg.Proc.Rank, cfg.Proc.World)
+	if spec := cfg.Goccl; spec != nil {
+		// Each graph's buffers take registration slots until the graph is closed.
+		opts := collective.Options{MaxBytes: spec.MaxBytes, PushMaxBytes: spec.PushMaxBytes, NCCL: spec.NCCL, Timeout: cfg.Timeout}
+		comms, err := e.communicators(ctx, opts)
 		if err != nil {
 			return nil, err
 		}
-		c, err := collective.New(bctx, cfg.Devices[0], boot, opts)
+		if opts.NCCL == collective.NCCLAuto && opts.MaxBytes < cfg.MaxBytes && !hasNCCL(comms[0]) {
+			// NCCL could not be initialised after all (every rank sees the same): the
+			// kernels take every size instead.
+			for _, c := range comms {
+				c.Close()
+			}
+			opts.MaxBytes, opts.PushMaxBytes, opts.NCCL = cfg.MaxBytes, 0, collective.NCCLOff
+			if comms, err = e.communicators(ctx, opts); err != nil {
+				return nil, err
+			}
+		}
+		for i, c := range comms {
+			e.rank(i).goccl = c
+		}
+	}
+	if cfg.NCCL {
+		// Its kernels are never called: the smallest arena.
+		opts := collective.Options{MaxBytes: 16, NCCL: collective.NCCLAlways, Timeout: cfg.Timeout}
+		comms, err := e.communicators(ctx, opts)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("the NCCL communicator: %w", err)
 		}
-		comms, e.world, e.first = []*collective.Comm{c}, cfg.Proc.World, cfg.Proc.Rank
-	} else {
-		if comms, err = collective.NewGroup(bctx, cfg.Devices, opts); err != nil {
-			return nil, err
-		}
-		e.world = len(comms)
-	}
-	for _, c := range comms {
-		r := &engineRank{comm: c}
-		e.ranks = append(e.ranks, r)
-		if err := r.alloc(uint64(opts.MaxBytes)); err != nil {
-			return nil, fmt.Errorf("rank %d: %w", c.Rank(), err)
+		for i, c := range comms {
+			e.rank(i).nccl = c
 		}
 	}
-	// Inputs and outputs are registered once, so pull all-reduces read the inputs in place
-	// (zero copy; in place, OneShot goes through the staging buffer, as in an application) and
-	// TwoShot writes straight into every rank's output.
-	if err := e.parallel(func(r *engineRank) error {
-		if _, err := r.comm.Register(bctx, r.in, uint64(opts.MaxBytes)); err != nil {
+	for i, r := range e.ranks {
+		if err := r.alloc(uint64(cfg.MaxBytes)); err != nil {
+			return nil, fmt.Errorf("rank %d: %w", e.first+i, err)
+		}
+	}
+	// Inputs and outputs are registered once with the kernels' communicator, so pull
+	// all-reduces read the inputs in place (zero copy; in place, OneShot goes through the
+	// staging buffer, as in an application) and TwoShot writes straight into every rank's
+	// output. NCCL needs no registration.
+	if r0 := e.ranks[0]; r0.goccl != nil && kernelsServe(r0.goccl) {
+		rctx, cancel := context.WithTimeout(ctx, cfg.Timeout+30*time.Second)
+		defer cancel()
+		if err := e.parallel(func(r *engineRank) error {
+			if _, err := r.goccl.Register(rctx, r.in, uint64(cfg.MaxBytes)); err != nil {
+				return err
+			}
+			_, err := r.goccl.Register(rctx, r.out, uint64(cfg.MaxBytes))
 			return err
+		}); err != nil {
+			return nil, fmt.Errorf("register the input and output buffers: %w", err)
 		}
-		_, err := r.comm.Register(bctx, r.out, uint64(opts.MaxBytes))
-		return err
-	}); err != nil {
-		return nil, fmt.Errorf("register the input and output buffers: %w", err)
 	}
 	return e, e.describe()
 }
 
+// rank returns the i-th rank this process drives, adding it on first use.
+func (e *gpuEngine) rank(i int) *engineRank {
+	for len(e.ranks) <= i {
+		e.ranks = append(e.ranks, &engineRank{})
+	}
+	return e.ranks[i]
+}
+
+// communicators creates one communicator over the ranks of this process: with the others
+// through a new Unix-socket bootstrap in a --procs child, or all of them with NewGroup.
+func (e *gpuEngine) communicators(ctx context.Context, opts collective.Options) ([]*collective.Comm, error) {
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout+30*time.Second)
+	defer cancel()
+	if p := e.cfg.Proc; p != nil {
+		e.world, e.first = p.World, p.Rank
+		sock := p.socket(e.sockets)
+		e.sockets++
+		boot, err := bootstrap.NewUnix(ctx, sock, p.Rank, p.World)
+		if err != nil {
+			return nil, err
+		}
+		c, err := collective.New(ctx, e.cfg.Devices[0], boot, opts)
+		if err != nil {
+			return nil, err
+		}
+		return []*collective.Comm{c}, nil
+	}
+	comms, err := collective.NewGroup(ctx, e.cfg.Devices, opts)
+	e.world = len(e.cfg.Devices)
+	return comms, err
+}
+
 func (r *engineRank) alloc(bytes uint64) (err error) {
-	c := r.comm.Context()
+	c := r.context()
 	if r.stream, err = c.NewStream(); err != nil {
 		return err
 	}
@@ -145,8 +224,13 @@ func (e *gpuEngine) describe() error {
 	}
 	host, _ := os.Hostname()
 	e.header = Header{Host: host, Driver: fmt.Sprintf("%d.%d", v/1000, v%1000/10)}
+	if r0 := e.ranks[0]; r0.nccl != nil || hasNCCL(r0.goccl) {
+		if v, err := nccl.LibraryVersion(); err == nil {
+			e.header.NCCL = v.String()
+		}
+	}
 	for i, r := range e.ranks {
-		dev := r.comm.Device()
+		dev := r.context().Device()
 		name, err := dev.Name()
 		if err != nil {
 			return err
@@ -166,26 +250,36 @@ func (e *gpuEngine) Describe() Header { return e.header }
 
 // Run checks one case (if asked) and then times it.
 func (e *gpuEngine) Run(ctx context.Context, c Case) (Measurement, error) {
+	var m Measurement
+	comm := e.ranks[0].comm(c.Backend)
+	if comm == nil {
+		return m, fmt.Errorf("no %s communicator in this run", c.Backend)
+	}
 	algo, err := collective.ParseAlgorithm(c.Algo)
 	if err != nil {
-		return Measurement{}, err
+		return m, err
 	}
+	path := algo
+	if algo == collective.Auto {
+		// both buffers are registered (and a graph shares its outputs anyway)
+		path = comm.Selected(c.Bytes, true)
+	}
+	m.Path = path.String()
 	count := int(c.Bytes) / c.DType.Size()
-	var m Measurement
 	inputs, err := e.fill(c) // fresh data every case, also when not checking: never time zeros
 	if err != nil {
 		return m, err
 	}
 	if c.Check {
-		// One all-reduce on fresh inputs into poisoned outputs, compared bitwise with the
-		// reference of the algorithm that ran.
+		// One all-reduce on fresh inputs into poisoned outputs, compared with the reference
+		// of what ran.
 		if err := e.eager(algo, c, count, 1); err != nil {
 			return m, err
 		}
 		if err := e.wait(ctx); err != nil {
 			return m, err
 		}
-		if err := e.compare(c, algo, inputs, &m); err != nil {
+		if err := e.compare(c, path, inputs, &m); err != nil {
 			return m, err
 		}
 	}
@@ -199,7 +293,7 @@ func (e *gpuEngine) Run(ctx context.Context, c Case) (Measurement, error) {
 	}
 	if c.Check && c.Graph && !c.InPlace {
 		// Out of place the inputs survive the replays: the graph's result must be the same.
-		if err := e.compare(c, algo, inputs, &m); err != nil {
+		if err := e.compare(c, path, inputs, &m); err != nil {
 			return m, err
 		}
 	}
@@ -211,7 +305,9 @@ func (e *gpuEngine) Run(ctx context.Context, c Case) (Measurement, error) {
 func (e *gpuEngine) fill(c Case) ([][]byte, error) {
 	seed := e.rng.Uint64()
 	if e.cfg.Proc != nil {
-		seed = uint64(c.Bytes)*31 + uint64(c.DType)*7 + boolBit(c.InPlace) + uint64(len(c.Algo))*131
+		h := fnv.New64a()
+		fmt.Fprintf(h, "%+v", c)
+		seed = h.Sum64()
 	}
 	inputs := make([][]byte, e.world)
 	var wg sync.WaitGroup
@@ -224,7 +320,7 @@ func (e *gpuEngine) fill(c Case) ([][]byte, error) {
 	}
 	wg.Wait()
 	for i, r := range e.ranks {
-		ctx := r.comm.Context()
+		ctx := r.context()
 		if err := ctx.CopyHtoD(r.in, inputs[e.first+i]); err != nil {
 			return nil, err
 		}
@@ -239,46 +335,50 @@ func (e *gpuEngine) fill(c Case) ([][]byte, error) {
 	return inputs, nil
 }
 
-func boolBit(b bool) uint64 {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-// compare reads every rank's output back and counts the elements that differ from the
-// reference of the algorithm the communicator chose (and hence from each other).
-func (e *gpuEngine) compare(c Case, algo collective.Algorithm, inputs [][]byte, m *Measurement) error {
-	if algo == collective.Auto {
-		// both buffers are registered (and a graph shares its outputs anyway)
-		algo = e.ranks[0].comm.Selected(c.Bytes, true)
-	}
-	var want []byte
-	var err error
-	switch algo {
-	case collective.OneShot:
-		want, err = ref.OneShot(c.DType, inputs)
-	case collective.TwoShot:
-		want, err = ref.TwoShot(c.DType, inputs)
-	default:
-		want, err = ref.Push(c.DType, inputs)
-	}
-	if err != nil {
-		return err
-	}
-	got := make([]byte, c.Bytes)
+// compare reads every rank's output back and counts the elements that are wrong: for
+// goccl's kernels, those that differ from the reference of the algorithm that ran (and hence
+// from each other); for NCCL, those outside its tolerance (checkNCCL).
+func (e *gpuEngine) compare(c Case, path collective.Algorithm, inputs [][]byte, m *Measurement) error {
+	outputs := make([][]byte, len(e.ranks))
+	ranks := make([]int, len(e.ranks))
 	for i, r := range e.ranks {
 		src := r.out
 		if c.InPlace {
 			src = r.in
 		}
-		if err := r.comm.Context().CopyDtoH(got, src); err != nil {
+		outputs[i], ranks[i] = make([]byte, c.Bytes), e.first+i
+		if err := r.context().CopyDtoH(outputs[i], src); err != nil {
 			return err
 		}
+	}
+	if path == collective.NCCL {
+		wrong, first := checkNCCL(c.DType, inputs, outputs, ranks)
+		m.Wrong += wrong
+		if m.First == nil {
+			m.First = first
+		}
+		return nil
+	}
+	var want []byte
+	var err error
+	switch path {
+	case collective.OneShot:
+		want, err = ref.OneShot(c.DType, inputs)
+	case collective.TwoShot:
+		want, err = ref.TwoShot(c.DType, inputs)
+	case collective.Push:
+		want, err = ref.Push(c.DType, inputs)
+	default:
+		err = fmt.Errorf("no reference for algorithm %v", path)
+	}
+	if err != nil {
+		return err
+	}
+	for i, got := range outputs {
 		n, first := ref.Compare(c.DType, want, got)
 		m.Wrong += int64(n)
 		if first != nil && m.First == nil {
-			m.First = &Mismatch{Rank: e.first + i, Index: int64(first.Index),
+			m.First = &Mismatch{Rank: ranks[i], Index: int64(first.Index),
 				Expected: ref.Format(c.DType, first.Want), Got: ref.Format(c.DType, first.Got)}
 		}
 	}
@@ -294,7 +394,7 @@ func (e *gpuEngine) eager(algo collective.Algorithm, c Case, count, n int) error
 			dst = r.in
 		}
 		for range n {
-			if err := r.comm.AllReduceWith(r.stream, dst, r.in, count, c.DType, algo); err != nil {
+			if err := r.comm(c.Backend).AllReduceWith(r.stream, dst, r.in, count, c.DType, algo); err != nil {
 				return err
 			}
 		}
@@ -320,7 +420,7 @@ func (e *gpuEngine) timeEager(ctx context.Context, algo collective.Algorithm, c 
 			dst = r.in
 		}
 		for range c.Iters {
-			if err := r.comm.AllReduceWith(r.stream, dst, r.in, count, c.DType, algo); err != nil {
+			if err := r.comm(c.Backend).AllReduceWith(r.stream, dst, r.in, count, c.DType, algo); err != nil {
 				return err
 			}
 		}
@@ -358,10 +458,11 @@ func (e *gpuEngine) timeGraph(ctx context.Context, algo collective.Algorithm, c 
 		if c.InPlace {
 			dst = r.in
 		}
+		comm := r.comm(c.Backend)
 		var err error
-		r.graph, err = r.comm.Capture(ctx, r.stream, func() error {
+		r.graph, err = comm.Capture(ctx, r.stream, func() error {
 			for range c.Iters {
-				if err := r.comm.AllReduceWith(r.stream, dst, r.in, count, c.DType, algo); err != nil {
+				if err := comm.AllReduceWith(r.stream, dst, r.in, count, c.DType, algo); err != nil {
 					return err
 				}
 			}
@@ -430,8 +531,13 @@ func (e *gpuEngine) wait(ctx context.Context) error {
 		}
 	}
 	for _, r := range e.ranks {
-		if err := r.comm.Err(); err != nil {
-			return err
+		for _, c := range []*collective.Comm{r.goccl, r.nccl} {
+			if c == nil {
+				continue
+			}
+			if err := c.Err(); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -466,7 +572,10 @@ func (e *gpuEngine) Close() error {
 	}
 	var errs []error
 	for _, r := range e.ranks {
-		c := r.comm.Context()
+		if r.goccl == nil && r.nccl == nil {
+			continue // a rank whose communicators were never made has nothing else
+		}
+		c := r.context()
 		for _, ev := range []*driver.Event{r.start, r.end} {
 			if ev != nil {
 				errs = append(errs, ev.Close())
@@ -480,7 +589,11 @@ func (e *gpuEngine) Close() error {
 		if r.stream != nil {
 			errs = append(errs, r.stream.Close())
 		}
-		errs = append(errs, r.comm.Close())
+		for _, comm := range []*collective.Comm{r.goccl, r.nccl} {
+			if comm != nil {
+				errs = append(errs, comm.Close())
+			}
+		}
 	}
 	return errors.Join(errs...)
 }

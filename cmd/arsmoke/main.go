@@ -97,7 +97,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 // proc's one in a --procs child, where only rank 0 prints the results.
 func runRanks(ctx context.Context, c config, proc *procInfo, stdout, stderr io.Writer) int {
 	r := newReport(c)
-	r.finish(measure(ctx, c, proc, r, newProgress(stderr, c)))
+	devices, err := findDevices(c)
+	if err == nil {
+		err = checkBackend(c, devices)
+	}
+	var usage *usageError
+	if errors.As(err, &usage) {
+		fmt.Fprintf(stderr, "arsmoke: %v\n", err)
+		return exitUsage
+	}
+	if err == nil {
+		err = measure(ctx, c, devices, proc, r, newProgress(stderr, c))
+	}
+	r.finish(err)
 	code := exitFail
 	if r.Verdict.Pass {
 		code = exitPass
@@ -108,7 +120,6 @@ func runRanks(ctx context.Context, c config, proc *procInfo, stdout, stderr io.W
 		}
 		return code
 	}
-	var err error
 	switch {
 	case c.json:
 		err = renderJSON(stdout, r)
@@ -119,6 +130,7 @@ func runRanks(ctx context.Context, c config, proc *procInfo, stdout, stderr io.W
 		err = renderText(stdout, r)
 	default:
 		// Nothing ran: no table, only why.
+		err = nil
 		fmt.Fprintln(stderr, r.Verdict.Line)
 	}
 	if err != nil {
@@ -128,22 +140,26 @@ func runRanks(ctx context.Context, c config, proc *procInfo, stdout, stderr io.W
 	return code
 }
 
-// measure places the ranks, builds the engine and sweeps, filling r.
-func measure(ctx context.Context, c config, proc *procInfo, r *report, prog *progress) error {
-	devices, err := findDevices(c)
-	if err != nil {
-		return err
-	}
+// measure builds the engine for the ranks placed on devices and sweeps,
+// filling r.
+func measure(ctx context.Context, c config, devices []int, proc *procInfo, r *report, prog *progress) error {
 	r.Ranks = len(devices)
-	cfg := engineConfig{Devices: devices, MaxBytes: c.maxBytes, Timeout: c.timeout}
+	cfg := planEngine(c, devices, c.backend == backendGoccl && ncclLoads())
+	if g := cfg.Goccl; g != nil && g.MaxBytes < cfg.MaxBytes {
+		r.KernelMaxBytes = g.MaxBytes
+	}
 	if proc != nil {
 		cfg.Devices, cfg.Proc = devices[proc.Rank:proc.Rank+1], proc
+	}
+	mode := describeMode(devices, c.procs)
+	if c.procs != 0 && hostIDEnv(c, devices) {
+		mode += "; NCCL sees each process as a host of its own (NCCL_HOSTID) and connects them over sockets"
 	}
 	eng, err := newEngine(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("set up %s: %w", describeMode(devices, c.procs), err)
 	}
-	r.describe(eng.Describe(), len(devices), describeMode(devices, c.procs))
+	r.describe(eng.Describe(), len(devices), mode)
 	err = sweep(ctx, eng, c, len(devices), r, prog)
 	if cerr := eng.Close(); cerr != nil && err == nil {
 		err = fmt.Errorf("close the engine: %w", cerr)

@@ -49,7 +49,8 @@ func childFromEnv(c config) (*procInfo, error) {
 }
 
 // runParent starts c.procs copies of this executable with the same
-// arguments, one rank each, and waits for them. Rank 0's stdout becomes
+// arguments, one rank each, and waits for them. When the ranks use NCCL and
+// share a GPU, each process gets its own NCCL_HOSTID (see ncclHostEnv). Rank 0's stdout becomes
 // ours; every rank's stderr comes through prefixed with its rank. When one
 // fails, the others are killed at once; when one finishes, the others get
 // --timeout to follow, so that a rank stuck outside its watchdog cannot hang
@@ -60,6 +61,17 @@ func runParent(ctx context.Context, c config, args []string, stdout, stderr io.W
 		fmt.Fprintf(errOut, "arsmoke: --procs %d: %s\n", c.procs, fmt.Sprintf(format, a...))
 		return 1
 	}
+	hostIDs := false
+	if c.backend != backendGoccl {
+		// NCCL takes ranks that share a GPU only from different hosts: plan the ranks here to
+		// know whether each process must be a host of its own.
+		devices, err := findDevices(c)
+		if err != nil {
+			return fail("%v", err)
+		}
+		hostIDs = hostIDEnv(c, devices)
+	}
+	tag := runTag()
 	exe, err := os.Executable()
 	if err != nil {
 		return fail("find this executable to start the ranks: %v", err)
@@ -84,6 +96,9 @@ func runParent(ctx context.Context, c config, args []string, stdout, stderr io.W
 	for rank := range c.procs {
 		cmd := exec.Command(exe, args...)
 		cmd.Env = rankEnv(childEnv(), rank, sock, token)
+		if hostIDs {
+			cmd.Env = ncclHostEnv(cmd.Env, rank, tag)
+		}
 		if rank == 0 {
 			cmd.Stdout = stdout
 		}

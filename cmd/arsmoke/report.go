@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"runtime/debug"
 
 	"github.com/goccl/goccl/dtype"
@@ -15,21 +16,26 @@ var gocclVersion = moduleVersion()
 // report is everything a run has to say: the sweep fills it, then it is
 // rendered as text (renderText) or JSON (renderJSON).
 type report struct {
-	Goccl    string       `json:"goccl"`
-	Host     string       `json:"host"`
-	Driver   string       `json:"driver"`
-	Mode     string       `json:"mode"`
-	Ranks    int          `json:"ranks"`
-	DType    string       `json:"dtype"`
-	MinBytes int64        `json:"min_bytes"`
-	MaxBytes int64        `json:"max_bytes"`
-	Factor   int64        `json:"factor"`
-	Sizes    int          `json:"sizes"`
-	Warmup   int          `json:"warmup"`
-	Iters    int          `json:"iters"`
-	Graph    bool         `json:"graph"`
-	Check    bool         `json:"check"`
-	Devices  []RankDevice `json:"devices"`
+	Goccl   string `json:"goccl"`
+	Host    string `json:"host"`
+	Driver  string `json:"driver"`
+	Mode    string `json:"mode"`
+	Backend string `json:"backend"`
+	NCCL    string `json:"nccl,omitempty"` // libnccl's version, when the run used it
+	// KernelMaxBytes is the largest call of goccl's kernels when NCCL may take
+	// the larger ones (--backend goccl -a auto; see planEngine), else 0.
+	KernelMaxBytes int64        `json:"kernel_max_bytes,omitempty"`
+	Ranks          int          `json:"ranks"`
+	DType          string       `json:"dtype"`
+	MinBytes       int64        `json:"min_bytes"`
+	MaxBytes       int64        `json:"max_bytes"`
+	Factor         int64        `json:"factor"`
+	Sizes          int          `json:"sizes"`
+	Warmup         int          `json:"warmup"`
+	Iters          int          `json:"iters"`
+	Graph          bool         `json:"graph"`
+	Check          bool         `json:"check"`
+	Devices        []RankDevice `json:"devices"`
 	// Blocks has one block per algorithm, in the order measured.
 	Blocks []block `json:"blocks"`
 	// First is the first wrong element of the whole run.
@@ -45,13 +51,22 @@ type report struct {
 
 // block is the table of one algorithm.
 type block struct {
+	// Algo is goccl's algorithm (-a), or "nccl" with --backend nccl.
 	Algo string `json:"algo"`
-	Rows []row  `json:"rows"`
-	// Wrong sums the rows' wrong elements.
+	// Backend is "goccl", "nccl", or "both": goccl's Algo with NCCL beside
+	// it (each result then carries NCCL's and the speedup).
+	Backend string `json:"backend"`
+	Rows    []row  `json:"rows"`
+	// Wrong sums the rows' wrong elements (goccl's and NCCL's).
 	Wrong int64 `json:"wrong"`
 	// AvgBusBW is the mean bus bandwidth over every size, out of place and
-	// in place, as all_reduce_perf reports it.
+	// in place, as all_reduce_perf reports it (goccl's with both).
 	AvgBusBW float64 `json:"avg_busbw_gbps"`
+	// NCCLAvgBusBW is NCCL's AvgBusBW, with both.
+	NCCLAvgBusBW float64 `json:"nccl_avg_busbw_gbps,omitempty"`
+	// AvgSpeedup is the geometric mean of the rows' speedups, both
+	// placements, with both.
+	AvgSpeedup float64 `json:"avg_speedup,omitempty"`
 }
 
 // row is one size of a block.
@@ -68,10 +83,17 @@ type row struct {
 // result is one measurement of a row. Wrong means nothing when the report's
 // Check is off.
 type result struct {
+	// Path is what served the calls: oneshot, twoshot, push or nccl.
+	Path   string  `json:"path"`
 	TimeUS float64 `json:"time_us"`
 	AlgBW  float64 `json:"algbw_gbps"`
 	BusBW  float64 `json:"busbw_gbps"`
 	Wrong  int64   `json:"wrong"`
+	// NCCL is NCCL's measurement of the same case, with --backend both.
+	NCCL *result `json:"nccl,omitempty"`
+	// Speedup is NCCL's time over goccl's, with --backend both: above 1,
+	// goccl is faster. 0 when a time is missing.
+	Speedup float64 `json:"speedup,omitempty"`
 }
 
 // located is a Mismatch with the case it happened in.
@@ -93,6 +115,7 @@ func newReport(c config) *report {
 	return &report{
 		Goccl:    gocclVersion,
 		Ranks:    max(c.ranks, c.procs),
+		Backend:  c.backend,
 		DType:    c.dtype.String(),
 		MinBytes: c.minBytes,
 		MaxBytes: c.maxBytes,
@@ -109,16 +132,17 @@ func newReport(c config) *report {
 
 // describe records where the ranks run.
 func (r *report) describe(h Header, ranks int, mode string) {
-	r.Host, r.Driver, r.Devices, r.Ranks, r.Mode = h.Host, h.Driver, h.Devices, ranks, mode
+	r.Host, r.Driver, r.Devices, r.Ranks, r.Mode, r.NCCL = h.Host, h.Driver, h.Devices, ranks, mode, h.NCCL
 	if r.Devices == nil {
 		r.Devices = []RankDevice{}
 	}
 	r.described = true
 }
 
-// newRow turns the two measurements of one size into a row of the table.
-func newRow(bytes int64, dt dtype.DType, world int, outOfPlace, inPlace Measurement) row {
-	return row{
+// newRow turns the two measurements of one size into a row of the table;
+// nccl holds NCCL's two beside them (--backend both), or is nil.
+func newRow(bytes int64, dt dtype.DType, world int, outOfPlace, inPlace Measurement, nccl *[2]Measurement) row {
+	r := row{
 		Bytes:      bytes,
 		Count:      bytes / int64(dt.Size()),
 		Type:       dt.String(),
@@ -127,6 +151,16 @@ func newRow(bytes int64, dt dtype.DType, world int, outOfPlace, inPlace Measurem
 		OutOfPlace: newResult(bytes, world, outOfPlace),
 		InPlace:    newResult(bytes, world, inPlace),
 	}
+	if nccl != nil {
+		for i, res := range []*result{&r.OutOfPlace, &r.InPlace} {
+			n := newResult(bytes, world, nccl[i])
+			res.NCCL = &n
+			if res.TimeUS > 0 {
+				res.Speedup = n.TimeUS / res.TimeUS
+			}
+		}
+	}
+	return r
 }
 
 // newResult computes the bandwidths the way all_reduce_perf does: algbw is
@@ -134,7 +168,7 @@ func newRow(bytes int64, dt dtype.DType, world int, outOfPlace, inPlace Measurem
 // the data each rank sends and receives in a ring, so that it compares with
 // the link speed whatever the rank count.
 func newResult(bytes int64, world int, m Measurement) result {
-	res := result{TimeUS: float64(m.Time.Nanoseconds()) / 1e3, Wrong: m.Wrong}
+	res := result{Path: m.Path, TimeUS: float64(m.Time.Nanoseconds()) / 1e3, Wrong: m.Wrong}
 	if ns := m.Time.Nanoseconds(); ns > 0 {
 		res.AlgBW = float64(bytes) / float64(ns) // bytes per ns is GB/s
 		res.BusBW = res.AlgBW * 2 * float64(world-1) / float64(world)
@@ -148,15 +182,35 @@ func (r *report) finish(runErr error) {
 	var wrong int64
 	for i := range r.Blocks {
 		b := &r.Blocks[i]
-		b.Wrong, b.AvgBusBW = 0, 0
+		b.Wrong, b.AvgBusBW, b.NCCLAvgBusBW, b.AvgSpeedup = 0, 0, 0, 0
+		var logSpeedup float64
+		speedups := 0
 		for _, row := range b.Rows {
-			b.Wrong += row.OutOfPlace.Wrong + row.InPlace.Wrong
-			b.AvgBusBW += row.OutOfPlace.BusBW + row.InPlace.BusBW
+			for _, res := range []result{row.OutOfPlace, row.InPlace} {
+				b.Wrong += res.Wrong
+				b.AvgBusBW += res.BusBW
+				if res.NCCL != nil {
+					b.Wrong += res.NCCL.Wrong
+					b.NCCLAvgBusBW += res.NCCL.BusBW
+					if i == 0 {
+						// Every block shows the same NCCL measurements: count them once.
+						wrong += res.NCCL.Wrong
+					}
+				}
+				wrong += res.Wrong
+				if res.Speedup > 0 {
+					logSpeedup += math.Log(res.Speedup)
+					speedups++
+				}
+			}
 		}
 		if len(b.Rows) > 0 {
 			b.AvgBusBW /= float64(2 * len(b.Rows))
+			b.NCCLAvgBusBW /= float64(2 * len(b.Rows))
 		}
-		wrong += b.Wrong
+		if speedups > 0 {
+			b.AvgSpeedup = math.Exp(logSpeedup / float64(speedups))
+		}
 	}
 	if runErr != nil {
 		r.Error = runErr.Error()
@@ -168,6 +222,12 @@ func (r *report) conclude(wrong int64) verdict {
 	what := fmt.Sprintf("%d sizes", r.Sizes)
 	if len(r.Blocks) > 1 {
 		what = fmt.Sprintf("%d algorithms x %d sizes", len(r.Blocks), r.Sizes)
+	}
+	switch r.Backend {
+	case backendNCCL:
+		what += " through NCCL"
+	case backendBoth:
+		what += ", goccl beside NCCL"
 	}
 	what = fmt.Sprintf("%d ranks, %s, %s", r.Ranks, r.DType, what)
 	switch {
