@@ -218,10 +218,15 @@ const (
 	OpAllReduce CallOp = 1
 )
 
-// String names the operation: "all-reduce".
+// String names the operation: "all-reduce", "all-reduce+rmsnorm", "all-reduce+residual".
 func (o CallOp) String() string {
-	if o == OpAllReduce {
+	switch o {
+	case OpAllReduce:
 		return "all-reduce"
+	case OpAllReduceRMSNorm:
+		return "all-reduce+rmsnorm"
+	case OpAllReduceResidual:
+		return "all-reduce+residual"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -260,6 +265,10 @@ func DecodeCall(fp uint64) Call {
 func (c Call) String() string {
 	if c == (Call{}) {
 		return "no call"
+	}
+	if c.Op == OpAllReduceRMSNorm || c.Op == OpAllReduceResidual {
+		rows, hidden := FusedShape(c.Count)
+		return fmt.Sprintf("%v of %d rows of %d %v elements (%v)", c.Op, rows, hidden, c.DType, c.Algo)
 	}
 	unit := "elements"
 	if c.Count == 1 {

@@ -1,0 +1,203 @@
+package ptx
+
+import (
+	"bytes"
+	"fmt"
+
+	"github.com/goccl/goccl/dtype"
+)
+
+// The fused all-reduce + residual add + RMSNorm kernels (templates/fused.ptx.tmpl,
+// docs/kernel-abi.md "Fused all-reduce + RMSNorm"): ResidualOut = allreduce(In) + Residual,
+// NormOut = ResidualOut * 1/sqrt(mean(ResidualOut^2) + eps) * Gamma, row by row.
+
+// Operations of the fused kernels' call fingerprints (see FusedCall).
+const (
+	// OpAllReduceRMSNorm is the all-reduce, the residual add and the RMSNorm.
+	OpAllReduceRMSNorm CallOp = 2
+	// OpAllReduceResidual is the all-reduce and the residual add alone (FlagNoNorm).
+	OpAllReduceResidual CallOp = 3
+)
+
+// FlagNoNorm (a bit of p_flags) makes a fused kernel stop after the residual add:
+// ResidualOut only, p_norm_out and p_gamma are not read.
+const FlagNoNorm = 2
+
+// Row sizes the fused kernels take: Hidden elements per row, a multiple of
+// HiddenMultiple in [MinHidden, MaxHidden], so that a row is whole 16-byte vectors of
+// every element type and one block of at most ThreadsPerBlock threads covers it in a few
+// vectors per thread.
+const (
+	MinHidden      = 2048
+	MaxHidden      = 16384
+	HiddenMultiple = 8
+)
+
+// MaxFusedRows is one more than the largest row count of a fused call: the call fingerprint
+// keeps the rows in 24 bits.
+const MaxFusedRows = 1 << 24
+
+// FusedCall is the call fingerprint of a fused call: Count holds the rows in bits 0..23
+// and the hidden size in bits 24..39, so that ranks that split the same elements into other
+// rows are caught too. noNorm picks OpAllReduceResidual.
+func FusedCall(algo Algorithm, dt dtype.DType, rows, hidden int, noNorm bool) Call {
+	op := OpAllReduceRMSNorm
+	if noNorm {
+		op = OpAllReduceResidual
+	}
+	return Call{Op: op, Algo: algo, DType: dt, Count: uint64(hidden)<<24 | uint64(rows)&(MaxFusedRows-1)}
+}
+
+// FusedShape is the fingerprint's Count split back into rows and hidden size.
+func FusedShape(count uint64) (rows, hidden int) {
+	return int(count & (MaxFusedRows - 1)), int(count >> 24 & 0xFFFF)
+}
+
+// FusedThreads is the block size of a fused launch (and of the single-rank RMSNorm kernel)
+// for rows of rowVectors 16-byte vectors: one thread per vector, rounded up to whole warps,
+// at most ThreadsPerBlock. The kernels' sum of squares depends on it (each thread sums its
+// vectors tid, tid+ntid, ..), so internal/ref.ResidualRMSNorm takes the same number.
+func FusedThreads(rowVectors int) int {
+	return min(ThreadsPerBlock, max(32, (rowVectors+31)/32*32))
+}
+
+// FusedParams returns the parameter list of the fused kernels and of the single-rank
+// RMSNorm kernel of the given world size (1 for that one), in launch order: the one Go-side
+// declaration, packed from by the launcher and checked against every generated .entry.
+func FusedParams(worldSize int) []Param {
+	return []Param{
+		{"p_inputs", 8, 8},    // registration table of ws input pointers (RMSNorm: the summed input)
+		{"p_resid_out", 8, 8}, // own ResidualOut
+		{"p_norm_out", 8, 8},  // own NormOut (unused with FlagNoNorm)
+		{"p_residual", 8, 8},  // own Residual
+		{"p_gamma", 8, 8},     // own Gamma (unused with FlagNoNorm)
+		{"p_rows", 4, 4},
+		{"p_hvec", 4, 4}, // 16-byte vectors per row
+		{"p_rank", 4, 4},
+		{"p_eps", 4, 4}, // f32
+		{"p_err", 8, 8},
+		{"p_timeout", 8, 8},
+		{"p_sig", 8 * worldSize, 8},
+		{"p_buf", 8 * worldSize, 8}, // two-shot: tmp buffers
+		{"p_flags", 4, 4},           // FlagEarlyTrigger, FlagNoNorm
+		{"p_call", 8, 8},            // FusedCall's fingerprint
+	}
+}
+
+// FusedTmpBytes is the tmp buffer the fused two-shot needs on a rank of worldSize ranks for
+// rows rows of rowBytes bytes: its largest band of rows, then one f32 per row of it.
+func FusedTmpBytes(worldSize, rows int, rowBytes int64) int64 {
+	band := int64((rows + worldSize - 1) / worldSize)
+	return band*rowBytes + 4*band
+}
+
+// FusedSpec names a fused all-reduce + residual add + RMSNorm kernel: OneShot (every rank
+// reduces and norms every row) or TwoShot (each rank its band of rows, then an all-gather of
+// the finished rows), for one element type, world size, target and barrier scope.
+type FusedSpec struct {
+	Algo      Algorithm // OneShot or TwoShot
+	DType     dtype.DType
+	WorldSize int
+	Target    Target
+	Scope     Scope
+}
+
+func (s FusedSpec) plain() Spec {
+	return Spec{Algo: s.Algo, DType: s.DType, WorldSize: s.WorldSize, Target: s.Target, Scope: s.Scope}
+}
+
+// Validate reports whether the spec names a fused kernel that exists.
+func (s FusedSpec) Validate() error {
+	if s.Algo != OneShot && s.Algo != TwoShot {
+		return fmt.Errorf("fused kernel spec: algorithm %v: the fused kernels exist for ptx.OneShot and ptx.TwoShot", s.Algo)
+	}
+	if err := s.plain().Validate(); err != nil {
+		return fmt.Errorf("fused %w", err)
+	}
+	return nil
+}
+
+// EntryName returns the kernel's .entry name, goccl_fused_<algo>_<dtype>_w<ws>, with "_gpu"
+// appended for ScopeGPU.
+func (s FusedSpec) EntryName() string {
+	name := fmt.Sprintf("goccl_fused_%s_%s_w%d", s.Algo, s.DType, s.WorldSize)
+	if s.Scope == ScopeGPU {
+		name += "_gpu"
+	}
+	return name
+}
+
+// Generate returns the PTX module of the kernel, as Spec.Generate does.
+func (s FusedSpec) Generate() ([]byte, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	k := newKernel(s.plain())
+	k.Entry = s.EntryName()
+	return execute("fused_"+s.Algo.String(), k)
+}
+
+// NormSpec names the single-rank residual add + RMSNorm kernel: the second kernel of the
+// unfused pair (an all-reduce, then this), which the fused kernels are measured against.
+type NormSpec struct {
+	DType  dtype.DType
+	Target Target
+}
+
+// EntryName returns "goccl_rmsnorm_<dtype>".
+func (s NormSpec) EntryName() string { return fmt.Sprintf("goccl_rmsnorm_%s", s.DType) }
+
+// Generate returns the PTX module of the kernel. Its parameters are FusedParams(1).
+func (s NormSpec) Generate() ([]byte, error) {
+	if !s.DType.Valid() {
+		return nil, fmt.Errorf("rmsnorm kernel spec: unsupported element type %v: use dtype.Float32, dtype.Float16 or dtype.BFloat16", s.DType)
+	}
+	if !s.Target.valid() {
+		return nil, fmt.Errorf("rmsnorm kernel spec: unknown target %d: use ptx.SM80 or ptx.SM90 (see ptx.TargetFor)", int(s.Target))
+	}
+	k := newKernel(Spec{Algo: OneShot, DType: s.DType, WorldSize: 1, Target: s.Target})
+	k.Entry = s.EntryName()
+	return execute("rmsnorm", k)
+}
+
+func execute(name string, k *kernel) ([]byte, error) {
+	tmpl, err := parsedTemplates()
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	if err := tmpl.ExecuteTemplate(&buf, name, k); err != nil {
+		return nil, fmt.Errorf("generate %s for %s: %w", k.Entry, k.Target, err)
+	}
+	return squeezeBlankLines(buf.Bytes()), nil
+}
+
+// elem is one element of a 16-byte vector: which 32-bit word holds it and which part of
+// the word ("lo": the lower-addressed half, "hi", or "all" for f32); E is its index.
+type elem struct {
+	Word int
+	Part string
+	E    int
+}
+
+// ElemList lists the elements of a vector in address order.
+func (k *kernel) ElemList() []elem {
+	var es []elem
+	for w := range 4 {
+		if k.Elems == 4 {
+			es = append(es, elem{w, "all", w})
+			continue
+		}
+		es = append(es, elem{w, "lo", 2 * w}, elem{w, "hi", 2*w + 1})
+	}
+	return es
+}
+
+// OWords names the registers %o0..%o3.
+func (k *kernel) OWords() []string { return []string{"%o0", "%o1", "%o2", "%o3"} }
+
+// FlagNoNorm is the p_flags bit of FlagNoNorm, for the templates.
+func (k *kernel) FlagNoNorm() int { return FlagNoNorm }
+
+// TreeOffsets are the shfl.down distances of the warp's sum tree, in order.
+func (k *kernel) TreeOffsets() []int { return []int{16, 8, 4, 2, 1} }
