@@ -70,6 +70,12 @@ func (f *fakeEngine) Run(_ context.Context, c Case) (Measurement, error) {
 	if f.measure != nil {
 		return f.measure(c)
 	}
+	if g := f.cfg.Goccl; c.Backend == backendGoccl && c.Algo == "auto" && g != nil && c.Bytes > g.MaxBytes {
+		// Past the kernels' MaxBytes the communicator hands the call to NCCL.
+		nc := c
+		nc.Backend, nc.Algo = backendNCCL, backendNCCL
+		return recorded(nc), nil
+	}
 	return recorded(c), nil
 }
 
@@ -83,7 +89,7 @@ func recorded(c Case) Measurement {
 	path := c.Algo
 	switch {
 	case c.Backend == backendNCCL:
-		ns = 20000 + c.Bytes/150
+		ns, path = 20000+c.Bytes/150, backendNCCL
 	case path == "auto" && c.Bytes <= 512<<10:
 		path = "oneshot"
 	case path == "auto":
@@ -109,7 +115,8 @@ func useFake(t *testing.T, visible int, build func(engineConfig) (engine, error)
 
 // installFake sets up a --procs child (see TestMain). Modes: "ok"; "fail1":
 // rank 1 cannot start; "hang0": rank 0 never returns from its first
-// all-reduce.
+// all-reduce; "hostid" and "nohostid": a child fails unless NCCL_HOSTID is
+// set for it (and not set, see checkHostEnv).
 func installFake(mode string) {
 	gocclVersion = "v0.1.0-test"
 	countDevices = func() (int, error) { return 1, nil }
@@ -122,6 +129,9 @@ func installFake(mode string) {
 			return nil, fmt.Errorf("fake child: the socket's folder: %w", err)
 		}
 		f := newFake(cfg)
+		if err := checkHostEnv(mode, cfg.Proc.Rank); err != nil {
+			return nil, err
+		}
 		switch {
 		case mode == "fail1" && cfg.Proc.Rank == 1:
 			return nil, errors.New("fake child: rank 1 cannot join")

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goccl/goccl/collective"
 	"github.com/goccl/goccl/dtype"
 )
 
@@ -71,6 +73,21 @@ func TestGolden(t *testing.T) {
 		{name: "wrong", visible: 1, args: []string{"-e", "8K"}, measure: wrongAt4K, code: 1},
 		{name: "wrong-json", visible: 1, args: []string{"-e", "8K", "--json"}, measure: wrongAt4K, code: 1,
 			stderr: "arsmoke: FAIL — 8 ranks, bf16, 4 sizes, 3 wrong; first: auto, 4096 B in-place, rank 3, element 17: expected 0x3f80 (1), got 0x0000 (0)\n"},
+		{name: "both", visible: 2, args: []string{"--backend", "both", "-e", "8K"}},
+		{name: "both-all-json", visible: 4, args: []string{"--backend", "both", "-a", "all", "-b", "1K", "-e", "2K", "--json"}},
+		{name: "nccl", visible: 2, args: []string{"--backend", "nccl", "-d", "f16", "-b", "1K", "-e", "64K", "-f", "8"}},
+		{name: "large", visible: 2, args: []string{"-b", "16M", "-e", "256M", "-f", "4"}},
+		{name: "large-one-gpu", visible: 1, args: []string{"--ranks", "2", "-b", "16M", "-e", "256M", "-f", "4"}},
+		{name: "odd-sizes", visible: 2, args: []string{"-d", "f32", "-b", "12", "-e", "10000", "-f", "10"}},
+		{name: "both-wrong", visible: 2, args: []string{"--backend", "both", "-a", "all", "-b", "1K", "-e", "2K"}, code: 1,
+			measure: func(c Case) (Measurement, error) {
+				m := recorded(c)
+				if c.Backend == backendNCCL && c.Bytes == 2048 && c.InPlace {
+					m.Wrong = 2
+					m.First = &Mismatch{Rank: 1, Index: 5, Expected: "3.5 ± 0.109375 (NCCL's tolerance)", Got: "NaN (0x7fc0)"}
+				}
+				return m, nil
+			}},
 		{name: "timeout", visible: 8, args: []string{"-a", "oneshot", "-e", "16K"}, code: 1,
 			measure: func(c Case) (Measurement, error) {
 				if c.Bytes == 8192 && !c.InPlace {
@@ -127,6 +144,48 @@ func TestRunCases(t *testing.T) {
 	assert.Equal(t, want, got)
 }
 
+// TestRunCasesBoth: with --backend both, NCCL follows goccl at each size, once per size and
+// placement however many blocks show it, and the communicators are planned for both.
+func TestRunCasesBoth(t *testing.T) {
+	f := &fakeEngine{}
+	code, stdout, stderr, cfg := runFake(t, 2, f, "--backend", "both", "-a", "all", "-b", "1K", "-e", "2K")
+	require.Equal(t, 0, code, stderr)
+	assert.True(t, cfg.NCCL)
+	require.NotNil(t, cfg.Goccl)
+	assert.Equal(t, collective.NCCLOff, cfg.Goccl.NCCL, "the kernels' communicator takes every size itself")
+	var got []string
+	for _, c := range f.cases {
+		got = append(got, fmt.Sprintf("%s/%s %d %v", c.Backend, c.Algo, c.Bytes, c.InPlace))
+	}
+	assert.Equal(t, []string{
+		"goccl/oneshot 1024 false", "goccl/oneshot 1024 true", "nccl/nccl 1024 false", "nccl/nccl 1024 true",
+		"goccl/oneshot 2048 false", "goccl/oneshot 2048 true", "nccl/nccl 2048 false", "nccl/nccl 2048 true",
+		"goccl/twoshot 1024 false", "goccl/twoshot 1024 true", "goccl/twoshot 2048 false", "goccl/twoshot 2048 true",
+		"goccl/push 1024 false", "goccl/push 1024 true", "goccl/push 2048 false", "goccl/push 2048 true",
+	}, got)
+	assert.Equal(t, 3, strings.Count(stdout, " (goccl) vs nccl\n"), "every block shows NCCL")
+}
+
+// TestSpeedup: NCCL's time over goccl's per placement, their geometric mean per block, and
+// NCCL's bus bandwidth beside goccl's.
+func TestSpeedup(t *testing.T) {
+	r := &report{Ranks: 2, DType: "bf16", Sizes: 1, Check: true, Backend: backendBoth}
+	nccl := [2]Measurement{{Time: 4000, Path: "nccl"}, {Time: 1000, Path: "nccl"}}
+	got := newRow(1000, dtype.BFloat16, 2, Measurement{Time: 1000, Path: "oneshot"}, Measurement{Time: 2000, Path: "oneshot"}, &nccl)
+	assert.InDelta(t, 4, got.OutOfPlace.Speedup, 1e-12)
+	assert.InDelta(t, 0.5, got.InPlace.Speedup, 1e-12)
+	require.NotNil(t, got.InPlace.NCCL)
+	assert.Equal(t, "nccl", got.InPlace.NCCL.Path)
+	assert.InDelta(t, 1, got.InPlace.NCCL.TimeUS, 1e-12)
+	r.Blocks = []block{{Algo: "auto", Backend: backendBoth, Rows: []row{got}}}
+	r.finish(nil)
+	b := r.Blocks[0]
+	assert.InDelta(t, math.Sqrt(4*0.5), b.AvgSpeedup, 1e-12)
+	assert.InDelta(t, (0.25+1)/2, b.NCCLAvgBusBW, 1e-12) // 1000 B in 4 us and 1 us, busbw = algbw for 2 ranks
+	assert.InDelta(t, (1+0.5)/2, b.AvgBusBW, 1e-12)
+	assert.Equal(t, "arsmoke: PASS — 2 ranks, bf16, 1 sizes, goccl beside NCCL, 0 wrong", r.Verdict.Line)
+}
+
 // TestJSONParsesBack reads the JSON output as a program would.
 func TestJSONParsesBack(t *testing.T) {
 	code, stdout, _, _ := runFake(t, 2, &fakeEngine{}, "--json", "-b", "1K", "-e", "4K")
@@ -147,6 +206,32 @@ func TestJSONParsesBack(t *testing.T) {
 	assert.InDelta(t, 8.02, row.OutOfPlace.TimeUS, 1e-9)
 	assert.InDelta(t, 4096.0/8020, row.OutOfPlace.AlgBW, 1e-9)
 	assert.InDelta(t, row.OutOfPlace.AlgBW, row.OutOfPlace.BusBW, 1e-9)
+}
+
+// TestJSONParsesBackBoth: every field of a --backend both report is known to the reader, and
+// NCCL's measurements and the speedup sit in each placement.
+func TestJSONParsesBackBoth(t *testing.T) {
+	code, stdout, _, _ := runFake(t, 2, &fakeEngine{}, "--json", "--backend", "both", "-b", "1K", "-e", "4K")
+	require.Equal(t, 0, code)
+	var r report
+	dec := json.NewDecoder(strings.NewReader(stdout))
+	dec.DisallowUnknownFields()
+	require.NoError(t, dec.Decode(&r))
+	assert.Equal(t, backendBoth, r.Backend)
+	assert.Equal(t, "2.21.5", r.NCCL)
+	require.Len(t, r.Blocks, 1)
+	b := r.Blocks[0]
+	assert.Equal(t, backendBoth, b.Backend)
+	assert.Positive(t, b.AvgSpeedup)
+	assert.Positive(t, b.NCCLAvgBusBW)
+	for _, row := range b.Rows {
+		for _, res := range []result{row.OutOfPlace, row.InPlace} {
+			require.NotNil(t, res.NCCL)
+			assert.Equal(t, "oneshot", res.Path)
+			assert.Equal(t, "nccl", res.NCCL.Path)
+			assert.InDelta(t, res.NCCL.TimeUS/res.TimeUS, res.Speedup, 1e-12)
+		}
+	}
 }
 
 func TestBusBandwidth(t *testing.T) {
