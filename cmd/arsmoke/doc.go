@@ -120,8 +120,9 @@
 // # Output
 //
 // The table has the layout of all_reduce_perf. Header lines give the sweep,
-// the goccl version, the driver, the host, how ranks are placed, and each
-// rank's process, device, PCI bus id and name. Then, for each algorithm, one
+// the goccl version, the driver (and libnccl's version when NCCL is used),
+// the host, how ranks are placed, the backend (and how NCCL's results are
+// checked), and each rank's process, device, PCI bus id and name. Then, for each algorithm, one
 // row per size:
 //
 //	size (B), count (elements), type, redop (sum), root (-1: none), path,
@@ -135,7 +136,8 @@
 // time is the mean of one all-reduce over -n iterations on the slowest rank;
 // algbw is size / time; busbw = algbw * 2(n-1)/n for n ranks, comparable with
 // the links' bandwidth whatever n; #wrong counts the elements, over all ranks,
-// that differ from the reference or between ranks (N/A with -c 0). Each table
+// that differ from the reference or between ranks, for NCCL those outside its
+// tolerance (see NCCL); N/A with -c 0. Each table
 // ends with
 //
 //	# Out of bounds values : 0 OK        (or: N FAILED)
