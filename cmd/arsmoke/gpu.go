@@ -118,9 +118,7 @@ func newGPUEngine(ctx context.Context, cfg engineConfig) (_ *gpuEngine, err erro
 		if opts.NCCL == collective.NCCLAuto && opts.MaxBytes < cfg.MaxBytes && !hasNCCL(comms[0]) {
 			// NCCL could not be initialised after all (every rank sees the same): the
 			// kernels take every size instead.
-			for _, c := range comms {
-				c.Close()
-			}
+			closeAll(comms)
 			opts.MaxBytes, opts.PushMaxBytes, opts.NCCL = cfg.MaxBytes, 0, collective.NCCLOff
 			if comms, err = e.communicators(ctx, opts); err != nil {
 				return nil, err
@@ -339,19 +337,24 @@ func (e *gpuEngine) fill(c Case) ([][]byte, error) {
 // goccl's kernels, those that differ from the reference of the algorithm that ran (and hence
 // from each other); for NCCL, those outside its tolerance (checkNCCL).
 func (e *gpuEngine) compare(c Case, path collective.Algorithm, inputs [][]byte, m *Measurement) error {
-	outputs := make([][]byte, len(e.ranks))
-	ranks := make([]int, len(e.ranks))
-	for i, r := range e.ranks {
+	read := func(i int, got []byte) error {
+		r := e.ranks[i]
 		src := r.out
 		if c.InPlace {
 			src = r.in
 		}
-		outputs[i], ranks[i] = make([]byte, c.Bytes), e.first+i
-		if err := r.context().CopyDtoH(outputs[i], src); err != nil {
-			return err
-		}
+		return r.context().CopyDtoH(got, src)
 	}
 	if path == collective.NCCL {
+		// The reference is computed once for every output this process holds.
+		outputs := make([][]byte, len(e.ranks))
+		ranks := make([]int, len(e.ranks))
+		for i := range e.ranks {
+			outputs[i], ranks[i] = make([]byte, c.Bytes), e.first+i
+			if err := read(i, outputs[i]); err != nil {
+				return err
+			}
+		}
 		wrong, first := checkNCCL(c.DType, inputs, outputs, ranks)
 		m.Wrong += wrong
 		if m.First == nil {
@@ -374,11 +377,15 @@ func (e *gpuEngine) compare(c Case, path collective.Algorithm, inputs [][]byte, 
 	if err != nil {
 		return err
 	}
-	for i, got := range outputs {
+	got := make([]byte, c.Bytes)
+	for i := range e.ranks {
+		if err := read(i, got); err != nil {
+			return err
+		}
 		n, first := ref.Compare(c.DType, want, got)
 		m.Wrong += int64(n)
 		if first != nil && m.First == nil {
-			m.First = &Mismatch{Rank: ranks[i], Index: int64(first.Index),
+			m.First = &Mismatch{Rank: e.first + i, Index: int64(first.Index),
 				Expected: ref.Format(c.DType, first.Want), Got: ref.Format(c.DType, first.Got)}
 		}
 	}
@@ -589,12 +596,32 @@ func (e *gpuEngine) Close() error {
 		if r.stream != nil {
 			errs = append(errs, r.stream.Close())
 		}
-		for _, comm := range []*collective.Comm{r.goccl, r.nccl} {
-			if comm != nil {
-				errs = append(errs, comm.Close())
-			}
-		}
 	}
+	var kernelComms, ncclComms []*collective.Comm
+	for _, r := range e.ranks {
+		kernelComms, ncclComms = append(kernelComms, r.goccl), append(ncclComms, r.nccl)
+	}
+	errs = append(errs, closeAll(kernelComms), closeAll(ncclComms))
+	return errors.Join(errs...)
+}
+
+// closeAll closes the communicators (nil ones skipped) of the ranks of this process at once:
+// NCCL's finalisation waits for the peers' ranks, which would wait for each other if closed one
+// after the other.
+func closeAll(comms []*collective.Comm) error {
+	errs := make([]error, len(comms))
+	var wg sync.WaitGroup
+	for i, c := range comms {
+		if c == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = c.Close()
+		}()
+	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 
