@@ -29,6 +29,10 @@ type kernelSet struct {
 	// gpuScopeChecked and gpuScopeUsable remember useGPUScope's answer (guarded by
 	// kernelCache.mu).
 	gpuScopeChecked, gpuScopeUsable bool
+	// fused holds the fused all-reduce + RMSNorm kernels loaded so far (guarded by
+	// kernelCache.mu): fusedKernel loads each on its first use, so that communicators that
+	// never call AllReduceResidualRMSNorm pay no JIT for them.
+	fused [ptx.ScopeGPU + 1][ptx.TwoShot + 1][dtype.BFloat16 + 1]*driver.Function
 }
 
 type kernelKey struct {
@@ -75,25 +79,30 @@ func acquireKernels(key kernelKey) (*kernelSet, error) {
 // load JIT-compiles the kernel of spec into a module of the set and returns its function and
 // its occupancy at ThreadsPerBlock.
 func (ks *kernelSet) load(spec ptx.Spec) (*driver.Function, int, error) {
-	src, err := spec.Generate()
+	return ks.loadModule(spec.EntryName(), spec.Target, spec.Generate)
+}
+
+// loadModule JIT-compiles the module that generate returns, whose one kernel is entry.
+func (ks *kernelSet) loadModule(entry string, target ptx.Target, generate func() ([]byte, error)) (*driver.Function, int, error) {
+	src, err := generate()
 	if err != nil {
-		return nil, 0, fmt.Errorf("collective: generate %s: %w", spec.EntryName(), err)
+		return nil, 0, fmt.Errorf("collective: generate %s: %w", entry, err)
 	}
-	mod, err := ks.ctx.LoadModule(spec.EntryName(), src)
+	mod, err := ks.ctx.LoadModule(entry, src)
 	if err != nil {
-		return nil, 0, fmt.Errorf("collective: load kernel %s for %s: %w", spec.EntryName(), spec.Target, err)
+		return nil, 0, fmt.Errorf("collective: load kernel %s for %s: %w", entry, target, err)
 	}
 	ks.modules = append(ks.modules, mod)
-	fn, err := mod.Function(spec.EntryName())
+	fn, err := mod.Function(entry)
 	if err != nil {
-		return nil, 0, fmt.Errorf("collective: find kernel %s: %w", spec.EntryName(), err)
+		return nil, 0, fmt.Errorf("collective: find kernel %s: %w", entry, err)
 	}
 	occ, err := fn.MaxActiveBlocksPerSM(ptx.ThreadsPerBlock, 0)
 	if err != nil {
-		return nil, 0, fmt.Errorf("collective: occupancy of %s: %w", spec.EntryName(), err)
+		return nil, 0, fmt.Errorf("collective: occupancy of %s: %w", entry, err)
 	}
 	if occ < 1 {
-		return nil, 0, fmt.Errorf("collective: kernel %s cannot run %d threads per block on this GPU", spec.EntryName(), ptx.ThreadsPerBlock)
+		return nil, 0, fmt.Errorf("collective: kernel %s cannot run %d threads per block on this GPU", entry, ptx.ThreadsPerBlock)
 	}
 	return fn, occ, nil
 }
@@ -148,4 +157,25 @@ func (ks *kernelSet) unload() error {
 	ks.modules = nil
 	errs = append(errs, ks.ctx.Close())
 	return errors.Join(errs...)
+}
+
+// fusedKernel returns the fused kernel of (scope, algo, dt), loading it on first use. Its
+// occupancy at ThreadsPerBlock must be at least the set's maxBlocksPerSM, which the ranks
+// capped their grids with: fewer resident blocks than the grid could deadlock its barriers.
+func (ks *kernelSet) fusedKernel(scope ptx.Scope, algo ptx.Algorithm, dt dtype.DType) (*driver.Function, error) {
+	kernelCache.mu.Lock()
+	defer kernelCache.mu.Unlock()
+	if fn := ks.fused[scope][algo][dt]; fn != nil {
+		return fn, nil
+	}
+	spec := ptx.FusedSpec{Algo: algo, DType: dt, WorldSize: ks.key.worldSize, Target: ks.key.target, Scope: scope}
+	fn, occ, err := ks.loadModule(spec.EntryName(), spec.Target, spec.Generate)
+	if err != nil {
+		return nil, err
+	}
+	if occ < ks.maxBlocksPerSM {
+		return nil, fmt.Errorf("collective: kernel %s fits %d blocks per SM, fewer than the %d the grids were sized for", spec.EntryName(), occ, ks.maxBlocksPerSM)
+	}
+	ks.fused[scope][algo][dt] = fn
+	return fn, nil
 }
