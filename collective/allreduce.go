@@ -155,6 +155,30 @@ func (c *Comm) selected(nbytes int64, sharedOutput bool) Algorithm {
 	return Algorithm(selectAlgorithm(c.major, c.size, nbytes, c.opts.PushMaxBytes, sharedOutput, c.scope == ptx.ScopeGPU))
 }
 
+// Engines says what serves this communicator: goccl's kernels, NCCL, or both.
+type Engines struct {
+	// Kernels: goccl's kernels serve calls up to Options.MaxBytes.
+	Kernels bool
+	// NCCL: an NCCL communicator serves what the kernels cannot (see Options.NCCL).
+	NCCL bool
+	// NoKernels and NoNCCL say why an engine is missing ("" when it is there).
+	NoKernels, NoNCCL string
+}
+
+// Engines returns what serves this communicator; every rank gets the same answer.
+func (c *Comm) Engines() Engines {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := Engines{Kernels: c.custom, NCCL: c.nccl != nil}
+	if !e.Kernels {
+		e.NoKernels = c.noCustomWhy
+	}
+	if !e.NCCL {
+		e.NoNCCL = c.ncclWhy
+	}
+	return e
+}
+
 // route resolves the algorithm of one call (Auto: selected) and refuses what its engine
 // cannot take.
 func (c *Comm) route(algo Algorithm, nbytes int64, direct bool) (Algorithm, error) {

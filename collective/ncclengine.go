@@ -49,6 +49,10 @@ type ncclEngine struct {
 	pending []pendingCall   // calls not yet seen complete, oldest first
 	spare   []*driver.Event // events of completed calls, for reuse
 	err     error           // the first failure: an asynchronous NCCL error or a timeout
+	// retired is when the watchdog last saw a call complete: the call after it has been
+	// running since then at most (calls queued back to back wait for each other, so a call's
+	// age counts from the later of its queuing and its predecessor's completion).
+	retired time.Time
 
 	stop, done chan struct{}
 }
@@ -225,12 +229,17 @@ func (e *ncclEngine) check() {
 			return
 		}
 		if !done {
-			if e.timeout > 0 && time.Since(p.since) > e.timeout {
-				e.failLocked(fmt.Errorf("%w: an all-reduce handed to NCCL %v ago has not completed (a peer missing, stuck or dead?); the NCCL communicator was aborted", ErrTimeout, time.Since(p.since).Round(time.Millisecond)))
+			started := p.since
+			if e.retired.After(started) {
+				started = e.retired
+			}
+			if e.timeout > 0 && time.Since(started) > e.timeout {
+				e.failLocked(fmt.Errorf("%w: an all-reduce handed to NCCL has not completed %v after it could start (a peer missing, stuck or dead?); the NCCL communicator was aborted", ErrTimeout, time.Since(started).Round(time.Millisecond)))
 				e.comm.Abort()
 			}
 			break
 		}
+		e.retired = time.Now()
 		e.spare = append(e.spare, p.ev)
 		e.pending = e.pending[1:]
 	}

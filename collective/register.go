@@ -75,6 +75,10 @@ func (c *Comm) Register(ctx context.Context, ptr driver.DevicePtr, bytes uint64)
 	if c.closed {
 		return nil, ErrClosed
 	}
+	if !c.custom {
+		// Every rank knows this alike: no exchange needed.
+		return nil, invalid("registration serves goccl's kernels, which do not serve this communicator (%s); NCCL takes its buffers as they are", c.noCustomWhy)
+	}
 	// Every local refusal is sent to the peers instead of returned at once.
 	failure := c.usable()
 	if failure == nil {

@@ -1,6 +1,7 @@
 package collective
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -323,4 +324,14 @@ func TestParseAlgorithm(t *testing.T) {
 	assert.ErrorContains(t, err, "use auto, oneshot, twoshot, push or nccl")
 	_, err = Options{Algorithm: NCCL, NCCL: NCCLOff}.withDefaults()
 	assert.ErrorIs(t, err, ErrInvalidArgument)
+}
+
+// TestRegisterWithoutKernels: a communicator that NCCL alone serves has no registration
+// table; Register says so on every rank alike, without an exchange.
+func TestRegisterWithoutKernels(t *testing.T) {
+	c := &Comm{noCustomWhy: "rank 1 runs on another host than rank 0", nccl: &ncclEngine{}}
+	_, err := c.Register(context.Background(), 0x7f0000000000, 4096)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	assert.ErrorContains(t, err, "another host")
+	assert.Equal(t, Engines{NCCL: true, NoKernels: "rank 1 runs on another host than rank 0"}, c.Engines())
 }

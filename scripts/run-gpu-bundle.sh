@@ -63,8 +63,8 @@ for bin in *.test; do
     run nccl "./$bin" -test.v -test.skip '^TestGPUMultiProcess$' || status=1
     GOCCL_NCCL_TEST_RANKS=4 run nccl-multiprocess "./$bin" -test.v -test.run '^TestGPUMultiProcess$' || status=1
   elif [ "$name" = cmd_arsmoke ]; then
-    run cmd_arsmoke "./$bin" -test.v -test.skip '^TestGPUProcs$' || status=1
-    with_mps run cmd_arsmoke-procs "./$bin" -test.v -test.run '^TestGPUProcs$' || status=1
+    run cmd_arsmoke "./$bin" -test.v -test.skip '^TestGPUProcs' || status=1
+    with_mps run cmd_arsmoke-procs "./$bin" -test.v -test.run '^TestGPUProcs' || status=1
   else
     run "$name" "./$bin" -test.v || status=1
   fi
