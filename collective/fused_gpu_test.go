@@ -1,0 +1,485 @@
+package collective_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/collective"
+	"github.com/goccl/goccl/driver"
+	"github.com/goccl/goccl/dtype"
+	"github.com/goccl/goccl/internal/ref"
+	"github.com/goccl/goccl/ptx"
+)
+
+// fusedBufs is one rank's buffers of the fused tests, each of the largest message.
+type fusedBufs struct {
+	in, residual, residOut, normOut, gamma driver.DevicePtr
+}
+
+// fusedGroup is a group of virtual ranks with the fused call's buffers on every rank.
+type fusedGroup struct {
+	*group
+	bufs []fusedBufs
+}
+
+func newFusedGroup(t testing.TB, ws int, opts collective.Options, maxBytes int) *fusedGroup {
+	t.Helper()
+	opts.MaxBytes = int64(maxBytes)
+	g := &fusedGroup{group: newGroup(t, virtualRanks(ws), opts, 16)}
+	for _, rb := range g.ranks {
+		ctx := rb.comm.Context()
+		alloc := func(n int) driver.DevicePtr {
+			p, err := ctx.Alloc(uint64(n))
+			require.NoError(t, err)
+			t.Cleanup(func() { ctx.Free(p) })
+			return p
+		}
+		g.bufs = append(g.bufs, fusedBufs{in: alloc(maxBytes), residual: alloc(maxBytes), residOut: alloc(maxBytes),
+			normOut: alloc(maxBytes), gamma: alloc(ptx.MaxHidden * 4)})
+	}
+	return g
+}
+
+// fusedCase is the data of one call shape: every rank's input, and the residual and gamma
+// that every rank passes.
+type fusedCase struct {
+	dt              dtype.DType
+	rows, hidden    int
+	inputs          [][]byte
+	residual, gamma []byte
+}
+
+func newFusedCase(rng *rand.Rand, dt dtype.DType, ws, rows, hidden int) *fusedCase {
+	fc := &fusedCase{dt: dt, rows: rows, hidden: hidden}
+	for range ws {
+		fc.inputs = append(fc.inputs, ref.Activations(rng, dt, rows*hidden, 1))
+	}
+	fc.residual = ref.Activations(rng, dt, rows*hidden, 4)
+	fc.gamma = ref.Activations(rng, dt, hidden, 1.5)
+	return fc
+}
+
+const fusedEps = 1e-6
+
+// want returns the reference ResidualOut and NormOut of algo.
+func (fc *fusedCase) want(t testing.TB, algo collective.Algorithm, noNorm bool) (resid, norm []byte) {
+	t.Helper()
+	order := ref.FusedOneShot
+	if algo == collective.TwoShot {
+		order = ref.FusedTwoShot
+	}
+	f := ref.Fused{DType: fc.dt, Algo: order, Hidden: fc.hidden, Eps: fusedEps, NoNorm: noNorm,
+		Threads: ptx.FusedThreads(fc.hidden * fc.dt.Size() / ptx.VectorBytes)}
+	resid, norm, err := f.Run(fc.inputs, fc.residual, fc.gamma)
+	require.NoError(t, err)
+	return resid, norm
+}
+
+// upload writes the case's inputs, residual and gamma to every rank and poisons both outputs
+// (0xFF.. is a NaN in every element type: an unwritten element cannot pass).
+func (g *fusedGroup) upload(fc *fusedCase) {
+	g.t.Helper()
+	n := uint64(len(fc.residual))
+	for r, rb := range g.ranks {
+		ctx, b := rb.comm.Context(), g.bufs[r]
+		require.NoError(g.t, ctx.CopyHtoD(b.in, fc.inputs[r]))
+		require.NoError(g.t, ctx.CopyHtoD(b.residual, fc.residual))
+		require.NoError(g.t, ctx.CopyHtoD(b.gamma, fc.gamma))
+		require.NoError(g.t, ctx.MemsetD8(b.residOut, 0xFF, n))
+		require.NoError(g.t, ctx.MemsetD8(b.normOut, 0xFF, n))
+	}
+}
+
+// args returns rank r's arguments; inPlace makes ResidualOut the residual buffer.
+func (g *fusedGroup) args(r int, fc *fusedCase, inPlace, noNorm bool) collective.FusedArgs {
+	b := g.bufs[r]
+	a := collective.FusedArgs{NormOut: b.normOut, ResidualOut: b.residOut, In: b.in, Residual: b.residual, Gamma: b.gamma,
+		Rows: fc.rows, Hidden: fc.hidden, Eps: fusedEps, DType: fc.dt, NoNorm: noNorm}
+	if inPlace {
+		a.ResidualOut = b.residual
+	}
+	return a
+}
+
+// checkFused compares every rank's outputs bitwise with the reference (and so with each
+// other).
+func (g *fusedGroup) checkFused(fc *fusedCase, wantResid, wantNorm []byte, inPlace bool, what string) {
+	g.t.Helper()
+	for r, rb := range g.ranks {
+		b := g.bufs[r]
+		residOut := b.residOut
+		if inPlace {
+			residOut = b.residual
+		}
+		for _, out := range []struct {
+			name string
+			ptr  driver.DevicePtr
+			want []byte
+		}{{"ResidualOut", residOut, wantResid}, {"NormOut", b.normOut, wantNorm}} {
+			if out.want == nil {
+				continue
+			}
+			got := make([]byte, len(out.want))
+			require.NoError(g.t, rb.comm.Context().CopyDtoH(got, out.ptr))
+			if n, first := ref.Compare(fc.dt, out.want, got); n != 0 {
+				g.t.Fatalf("%s: rank %d: %s: %d of %d elements wrong; first at %d (row %d): want %s, got %s", what, r, out.name, n,
+					len(out.want)/fc.dt.Size(), first.Index, first.Index/fc.hidden, ref.Format(fc.dt, first.Want), ref.Format(fc.dt, first.Got))
+			}
+		}
+	}
+}
+
+// call issues the fused call on every rank; a TwoShot whose bands do not fit the tmp buffer
+// reports false (refused on every rank alike).
+func (g *fusedGroup) call(fc *fusedCase, algo collective.Algorithm, inPlace, noNorm bool) bool {
+	g.t.Helper()
+	for r, rb := range g.ranks {
+		err := rb.comm.AllReduceResidualRMSNormWith(rb.stream, g.args(r, fc, inPlace, noNorm), algo)
+		if err != nil && r == 0 && strings.Contains(err.Error(), "tmp buffer") {
+			return false
+		}
+		require.NoError(g.t, err, "rank %d", r)
+	}
+	return true
+}
+
+var (
+	fusedHidden = []int{2048, 4096, 5120, 8192, 16384}
+	fusedRows   = []int{1, 2, 7, 32, 128, 513}
+)
+
+// TestAllReduceResidualRMSNorm runs both fused kernels at 2, 4, 8 and 16 virtual ranks, bf16
+// and f16, every hidden size of fusedHidden and row count of fusedRows (MaxBytes 17 MiB holds
+// 513 rows of 16384 bf16), ResidualOut in place over the residual; each result bitwise
+// against internal/ref on every rank. Out of place and NoNorm on a smaller grid.
+func TestAllReduceResidualRMSNorm(t *testing.T) {
+	requireGPU(t)
+	rng := rand.New(rand.NewPCG(21, 22))
+	const maxBytes = 17 << 20
+	for _, ws := range []int{2, 4, 8, 16} {
+		t.Run(fmt.Sprintf("ws%d", ws), func(t *testing.T) {
+			g := newFusedGroup(t, ws, collective.Options{Timeout: 5 * time.Second}, maxBytes)
+			for _, dt := range []dtype.DType{dtype.BFloat16, dtype.Float16} {
+				for _, hidden := range fusedHidden {
+					for _, rows := range fusedRows {
+						fc := newFusedCase(rng, dt, ws, rows, hidden)
+						for _, algo := range []collective.Algorithm{collective.OneShot, collective.TwoShot} {
+							what := fmt.Sprintf("%v %v rows %d hidden %d", algo, dt, rows, hidden)
+							wantR, wantN := fc.want(t, algo, false)
+							g.upload(fc)
+							if !g.call(fc, algo, true, false) {
+								t.Logf("%s: bands do not fit the tmp buffer, refused", what)
+								continue
+							}
+							g.syncAll(30 * time.Second)
+							g.checkFused(fc, wantR, wantN, true, what+" in place")
+							if hidden != 5120 || rows > 32 {
+								continue
+							}
+							g.upload(fc)
+							require.True(t, g.call(fc, algo, false, false))
+							g.syncAll(30 * time.Second)
+							g.checkFused(fc, wantR, wantN, false, what+" out of place")
+							wantR, _ = fc.want(t, algo, true)
+							g.upload(fc)
+							require.True(t, g.call(fc, algo, true, true))
+							g.syncAll(30 * time.Second)
+							g.checkFused(fc, wantR, nil, true, what+" NoNorm")
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestAllReduceResidualRMSNormRegisteredAndGraph: registered inputs (read in place by the
+// peers, also with In == ResidualOut, which OneShot then stages) and graphs captured with
+// Capture, replayed on fresh data, at 2, 4, 8 and 16 ranks, both kernels, bf16 and f16,
+// hidden 5120 and 8192, rows 7 and 128 (the grid of the eager test is cut here).
+func TestAllReduceResidualRMSNormRegisteredAndGraph(t *testing.T) {
+	requireGPU(t)
+	rng := rand.New(rand.NewPCG(23, 24))
+	const maxBytes = 4 << 20
+	for _, ws := range []int{2, 4, 8, 16} {
+		for _, algo := range []collective.Algorithm{collective.OneShot, collective.TwoShot} {
+			t.Run(fmt.Sprintf("ws%d/%v", ws, algo), func(t *testing.T) {
+				g := newFusedGroup(t, ws, collective.Options{Timeout: 5 * time.Second}, maxBytes)
+				g.parallel(func(rb *rankBufs) error {
+					_, err := rb.comm.Register(context.Background(), g.bufs[rb.comm.Rank()].in, maxBytes)
+					return err
+				})
+				for _, dt := range []dtype.DType{dtype.BFloat16, dtype.Float16} {
+					for _, hidden := range []int{5120, 8192} {
+						for _, rows := range []int{7, 128} {
+							fc := newFusedCase(rng, dt, ws, rows, hidden)
+							what := fmt.Sprintf("%v rows %d hidden %d", dt, rows, hidden)
+							wantR, wantN := fc.want(t, algo, false)
+							g.upload(fc)
+							require.True(t, g.call(fc, algo, true, false))
+							g.syncAll(30 * time.Second)
+							g.checkFused(fc, wantR, wantN, true, what+" registered")
+
+							// In == ResidualOut: the residual goes into the input buffer.
+							g.upload(fc)
+							for r, rb := range g.ranks {
+								a := g.args(r, fc, false, false)
+								a.ResidualOut = a.In
+								require.NoError(t, rb.comm.AllReduceResidualRMSNormWith(rb.stream, a, algo))
+							}
+							g.syncAll(30 * time.Second)
+							for r, rb := range g.ranks {
+								got := make([]byte, len(wantR))
+								require.NoError(t, rb.comm.Context().CopyDtoH(got, g.bufs[r].in))
+								n, _ := ref.Compare(dt, wantR, got)
+								require.Zero(t, n, "%s: rank %d: In == ResidualOut", what, r)
+							}
+
+							// A graph of the call, replayed twice on fresh inputs.
+							graphs := make([]*collective.Graph, ws)
+							g.parallel(func(rb *rankBufs) error {
+								r := rb.comm.Rank()
+								var err error
+								graphs[r], err = rb.comm.Capture(context.Background(), rb.stream, func() error {
+									return rb.comm.AllReduceResidualRMSNormWith(rb.stream, g.args(r, fc, true, false), algo)
+								})
+								return err
+							})
+							for replay := range 2 {
+								fc = newFusedCase(rng, dt, ws, rows, hidden)
+								wantR, wantN = fc.want(t, algo, false)
+								g.upload(fc)
+								for r, rb := range g.ranks {
+									require.NoError(t, graphs[r].Launch(rb.stream))
+								}
+								g.syncAll(30 * time.Second)
+								g.checkFused(fc, wantR, wantN, true, fmt.Sprintf("%s graph replay %d", what, replay))
+							}
+							for _, x := range graphs {
+								require.NoError(t, x.Close())
+							}
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestAllReduceResidualRMSNormRefusals: aliasing and shapes the call refuses, with real
+// device memory, leave the communicator usable; ranks that split the same elements into
+// other rows are caught by the kernels' call check.
+func TestAllReduceResidualRMSNormRefusals(t *testing.T) {
+	requireGPU(t)
+	rng := rand.New(rand.NewPCG(25, 26))
+	g := newFusedGroup(t, 2, collective.Options{Timeout: 3 * time.Second}, 1<<20)
+	fc := newFusedCase(rng, dtype.BFloat16, 2, 8, 4096)
+	rb := g.ranks[0]
+	bad := map[string]func(a *collective.FusedArgs){
+		"NormOut is In":             func(a *collective.FusedArgs) { a.NormOut = a.In },
+		"NormOut is ResidualOut":    func(a *collective.FusedArgs) { a.NormOut = a.ResidualOut },
+		"Gamma inside ResidualOut":  func(a *collective.FusedArgs) { a.Gamma = a.ResidualOut + 4096 },
+		"ResidualOut shifted by 16": func(a *collective.FusedArgs) { a.ResidualOut = a.Residual + 16 },
+		"hidden 4100":               func(a *collective.FusedArgs) { a.Hidden = 4100; a.Rows = 1 },
+		"hidden 1024":               func(a *collective.FusedArgs) { a.Hidden = 1024 },
+		"past MaxBytes":             func(a *collective.FusedArgs) { a.Rows = 129 },
+		"host pointer":              func(a *collective.FusedArgs) { a.Gamma = 0x1000 },
+	}
+	for name, f := range bad {
+		a := g.args(0, fc, true, false)
+		f(&a)
+		assert.ErrorIs(t, rb.comm.AllReduceResidualRMSNorm(rb.stream, a), collective.ErrInvalidArgument, name)
+	}
+	g.upload(fc)
+	wantR, wantN := fc.want(t, collective.OneShot, false)
+	require.True(t, g.call(fc, collective.OneShot, true, false))
+	g.syncAll(30 * time.Second)
+	g.checkFused(fc, wantR, wantN, true, "after the refusals")
+
+	// rank 0: 8 rows of 4096, rank 1: 4 rows of 8192, the same bytes
+	start := time.Now()
+	for r, rb := range g.ranks {
+		a := g.args(r, fc, true, false)
+		if r == 1 {
+			a.Rows, a.Hidden = 4, 8192
+		}
+		require.NoError(t, rb.comm.AllReduceResidualRMSNormWith(rb.stream, a, collective.OneShot))
+	}
+	wctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, rb := range g.ranks {
+		require.NoError(t, rb.stream.Wait(wctx))
+	}
+	err := g.ranks[0].comm.Err()
+	require.ErrorIs(t, err, collective.ErrCallMismatch, "after %v", time.Since(start))
+	var ke *collective.KernelError
+	require.ErrorAs(t, err, &ke)
+	assert.Equal(t, ptx.OpAllReduceRMSNorm, ke.Mine.Op)
+	rows, hidden := ptx.FusedShape(ke.Mine.Count)
+	assert.Equal(t, [2]int{8, 4096}, [2]int{rows, hidden})
+	rows, hidden = ptx.FusedShape(ke.Theirs.Count)
+	assert.Equal(t, [2]int{4, 8192}, [2]int{rows, hidden})
+	t.Logf("rank 0: %v", err)
+}
+
+// loadNormKernel JIT-compiles the single-rank residual add + RMSNorm kernel for the device.
+func loadNormKernel(t testing.TB, ctx *driver.Context, dt dtype.DType) *driver.Function {
+	t.Helper()
+	major, minor, err := ctx.Device().ComputeCapability()
+	require.NoError(t, err)
+	target, err := ptx.TargetFor(major, minor)
+	require.NoError(t, err)
+	spec := ptx.NormSpec{DType: dt, Target: target}
+	src, err := spec.Generate()
+	require.NoError(t, err)
+	mod, err := ctx.LoadModule(spec.EntryName(), src)
+	require.NoError(t, err)
+	t.Cleanup(func() { mod.Close() })
+	fn, err := mod.Function(spec.EntryName())
+	require.NoError(t, err)
+	return fn
+}
+
+// launchNorm queues the single-rank kernel: residOut = sum + residual, normOut = its RMSNorm.
+func launchNorm(s *driver.Stream, fn *driver.Function, args *driver.Args, sum, residual, residOut, normOut, gamma driver.DevicePtr, rows, hidden int, dt dtype.DType, pdl bool) error {
+	hvec := hidden * dt.Size() / ptx.VectorBytes
+	args.Reset()
+	args.Ptr(sum)
+	args.Ptr(residOut)
+	args.Ptr(normOut)
+	args.Ptr(residual)
+	args.Ptr(gamma)
+	args.U32(uint32(rows))
+	args.U32(uint32(hvec))
+	args.U32(0)
+	args.U32(math.Float32bits(fusedEps))
+	args.Ptr(0)
+	args.U64(0)
+	args.Bytes(make([]byte, 8), 8)
+	args.Bytes(make([]byte, 8), 8)
+	args.U32(0)
+	args.U64(0)
+	cfg := driver.LaunchConfig{Grid: [3]uint32{uint32(rows), 1, 1}, Block: [3]uint32{uint32(ptx.FusedThreads(hvec)), 1, 1}}
+	if pdl {
+		return driver.LaunchEx(s, fn, &cfg, args, true)
+	}
+	return driver.Launch(s, fn, &cfg, args)
+}
+
+// TestRMSNormKernel checks the single-rank kernel of the unfused pair bitwise against the
+// reference with one input, bf16 and f16.
+func TestRMSNormKernel(t *testing.T) {
+	requireGPU(t)
+	rng := rand.New(rand.NewPCG(27, 28))
+	g := newFusedGroup(t, 2, collective.Options{}, 17<<20)
+	rb, b := g.ranks[0], g.bufs[0]
+	ctx := rb.comm.Context()
+	for _, dt := range []dtype.DType{dtype.BFloat16, dtype.Float16} {
+		fn := loadNormKernel(t, ctx, dt)
+		var args driver.Args
+		for _, hidden := range fusedHidden {
+			for _, rows := range fusedRows {
+				fc := newFusedCase(rng, dt, 1, rows, hidden)
+				wantR, wantN := fc.want(t, collective.OneShot, false)
+				require.NoError(t, ctx.CopyHtoD(b.in, fc.inputs[0]))
+				require.NoError(t, ctx.CopyHtoD(b.residual, fc.residual))
+				require.NoError(t, ctx.CopyHtoD(b.gamma, fc.gamma))
+				require.NoError(t, ctx.MemsetD8(b.normOut, 0xFF, uint64(len(wantN))))
+				require.NoError(t, launchNorm(rb.stream, fn, &args, b.in, b.residual, b.residual, b.normOut, b.gamma, rows, hidden, dt, false))
+				require.NoError(t, rb.stream.Synchronize())
+				for _, out := range []struct {
+					ptr  driver.DevicePtr
+					want []byte
+				}{{b.residual, wantR}, {b.normOut, wantN}} {
+					got := make([]byte, len(out.want))
+					require.NoError(t, ctx.CopyDtoH(got, out.ptr))
+					n, first := ref.Compare(dt, out.want, got)
+					if n != 0 {
+						t.Fatalf("%v rows %d hidden %d: %d wrong, first at %d: want %s, got %s", dt, rows, hidden, n, first.Index,
+							ref.Format(dt, first.Want), ref.Format(dt, first.Got))
+					}
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkAllReduceResidualRMSNorm compares the fused call with the unfused pair (AllReduce
+// into a sum buffer, then goccl's single-rank residual add + RMSNorm kernel) in the fork/join
+// harness of BenchmarkAllReduceForkJoin: one CUDA graph of 200 layers, registered inputs,
+// ResidualOut in place over the residual, bf16, hidden 8192, rows 1 to 512, at 2, 4 and 8
+// virtual ranks, Auto selection for both.
+func BenchmarkAllReduceResidualRMSNorm(b *testing.B) {
+	requireGPU(b)
+	const hidden = 8192
+	dt := dtype.BFloat16
+	for _, ws := range []int{2, 4, 8} {
+		for _, rows := range []int{1, 8, 32, 128, 512} {
+			for _, fused := range []bool{true, false} {
+				name := "unfused"
+				if fused {
+					name = "fused"
+				}
+				b.Run(fmt.Sprintf("ws%d/rows%d/%s", ws, rows, name), func(b *testing.B) {
+					nbytes := rows * hidden * dt.Size()
+					g := newFusedGroup(b, ws, collective.Options{Timeout: 50 * time.Millisecond}, max(nbytes, 1<<20))
+					g.parallel(func(rb *rankBufs) error {
+						_, err := rb.comm.Register(context.Background(), g.bufs[rb.comm.Rank()].in, uint64(max(nbytes, 1<<20)))
+						return err
+					})
+					fc := newFusedCase(rand.New(rand.NewPCG(1, 2)), dt, ws, rows, hidden)
+					g.upload(fc)
+					streams := make([]*driver.Stream, ws)
+					for r, rb := range g.ranks {
+						streams[r] = rb.stream
+					}
+					fn := loadNormKernel(b, g.ranks[0].comm.Context(), dt)
+					args := make([]driver.Args, ws)
+					// PDL as goccl launches its own kernels on sm_90
+					pdl := pdlDevice(b, g.ranks[0].comm.Context())
+					f := newHarness(b, g.ranks[0].comm.Context(), g.ranks[0].stream, streams)
+					x := f.capture(b, f.main, func() {
+						f.forkJoinLayer(b, true, func(r int, s *driver.Stream) {
+							c, bf := g.ranks[r].comm, g.bufs[r]
+							if fused {
+								require.NoError(b, c.AllReduceResidualRMSNorm(s, g.args(r, fc, true, false)))
+								return
+							}
+							// the sum goes to residOut, which the in-place pair does not otherwise use
+							require.NoError(b, c.AllReduce(s, bf.residOut, bf.in, rows*hidden, dt))
+							require.NoError(b, launchNorm(s, fn, &args[r], bf.residOut, bf.residual, bf.residual, bf.normOut, bf.gamma, rows, hidden, dt, pdl))
+						})
+					})
+					defer x.Close()
+					require.NoError(b, x.Launch(f.main))
+					g.syncAll(time.Minute)
+					b.ResetTimer()
+					require.NoError(b, f.start.Record(f.main))
+					for range b.N {
+						require.NoError(b, x.Launch(f.main))
+					}
+					require.NoError(b, f.end.Record(f.main))
+					g.syncAll(time.Minute)
+					d, err := driver.Elapsed(f.start, f.end)
+					require.NoError(b, err)
+					b.ReportMetric(float64(d)/float64(time.Microsecond)/float64(b.N*floorLayers), "us/layer")
+				})
+			}
+		}
+	}
+}
+
+// pdlDevice reports whether kernels on ctx's device may be launched with PDL (sm_90 on).
+func pdlDevice(b testing.TB, ctx *driver.Context) bool {
+	major, _, err := ctx.Device().ComputeCapability()
+	require.NoError(b, err)
+	return major >= 9
+}
