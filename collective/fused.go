@@ -21,7 +21,9 @@ type FusedArgs struct {
 	ResidualOut driver.DevicePtr
 	// In is this rank's partial sum, the buffer that is all-reduced (Rows*Hidden elements).
 	// It is read by the peers like AllReduce's src: registered, or under Capture, it is read
-	// in place; otherwise it is first copied into the staging buffer.
+	// in place; otherwise it is first copied into the staging buffer. Registered buffers are
+	// matched across ranks as for AllReduce: when one rank passes a registered In, ResidualOut
+	// or NormOut, every rank passes its own counterpart, registered in the same order.
 	In driver.DevicePtr
 	// Residual is added to the all-reduced sum (Rows*Hidden elements).
 	Residual driver.DevicePtr
@@ -55,7 +57,9 @@ type FusedArgs struct {
 // is launched; a bad call returns an error wrapping ErrInvalidArgument.
 //
 // The algorithm is OneShot for small messages and TwoShot (each rank reduces and norms its
-// band of rows, then every rank gathers the finished rows) above, forced by Options.Algorithm
+// band of rows, then every rank gathers the finished rows; when ResidualOut and NormOut are
+// both visible to the peers, registered with Register or under Capture, each rank writes its
+// finished rows straight into every rank's outputs instead) above, forced by Options.Algorithm
 // or GOCCL_ALGO where it names one of them. Push has no fused kernel: a communicator forced
 // to Push selects as Auto does. NCCL has none either: such calls are refused. The fused
 // kernels are JIT-compiled on first use of each (algorithm, element type).
@@ -80,7 +84,13 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 	if err != nil {
 		return err
 	}
-	if algo, err = c.routeFused(algo, a, nbytes); err != nil {
+	// Direct: both outputs are visible to the peers (registered, or under Capture).
+	residReg, direct := c.sharedOutput(a.ResidualOut, uint64(nbytes))
+	var normReg *Registration
+	if direct && !a.NoNorm {
+		normReg, direct = c.sharedOutput(a.NormOut, uint64(nbytes))
+	}
+	if algo, err = c.routeFused(algo, a, nbytes, direct); err != nil {
 		return err
 	}
 	kernel, _ := algo.kernel()
@@ -92,12 +102,25 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 	if err != nil {
 		return err
 	}
+	var residOuts, normOuts driver.DevicePtr
+	if algo == TwoShot && direct {
+		if residOuts, err = c.pullOutput(a.ResidualOut, uint64(nbytes), residReg); err != nil {
+			return err
+		}
+		if !a.NoNorm {
+			if normOuts, err = c.pullOutput(a.NormOut, uint64(nbytes), normReg); err != nil {
+				return err
+			}
+		}
+	}
 	hvec := a.Hidden * a.DType.Size() / ptx.VectorBytes
 	blocks, threads := fusedShape(algo, a.Rows, hvec, c.size, c.blocks)
 	ws8 := 8 * c.size
 	args := &c.args
 	args.Reset()
 	args.Ptr(inputs)
+	args.Ptr(residOuts)
+	args.Ptr(normOuts)
 	args.Ptr(a.ResidualOut)
 	args.Ptr(a.NormOut)
 	args.Ptr(a.Residual)
@@ -148,20 +171,20 @@ func fusedShape(algo Algorithm, rows, rowVectors, worldSize, limit int) (blocks,
 }
 
 // selectFused is the fused call's selection table: OneShot up to the plain all-reduce's
-// OneShot limit through tmp (the fused TwoShot gathers finished rows through tmp, never
-// straight into the outputs), TwoShot above, where every rank has at least one row of its
-// own. The thresholds are the plain kernels' until the fused ones are measured.
-func selectFused(major, worldSize, rows int, nbytes int64, gpuScope bool) Algorithm {
+// OneShot limit (direct: both outputs shared, so that TwoShot writes the finished rows
+// straight into them), TwoShot above, where every rank has at least one row of its own. The
+// thresholds are the plain kernels' until the fused ones are measured.
+func selectFused(major, worldSize, rows int, nbytes int64, direct, gpuScope bool) Algorithm {
 	if rows < worldSize {
 		return OneShot
 	}
 	// pushMax 0: Push is never chosen.
-	return selectAlgorithm(major, worldSize, nbytes, 0, false, gpuScope)
+	return selectAlgorithm(major, worldSize, nbytes, 0, direct, gpuScope)
 }
 
 // routeFused resolves the algorithm of a fused call and refuses what the fused kernels
-// cannot take.
-func (c *Comm) routeFused(algo Algorithm, a FusedArgs, nbytes int64) (Algorithm, error) {
+// cannot take; direct says that both outputs are shared (TwoShot then needs no tmp).
+func (c *Comm) routeFused(algo Algorithm, a FusedArgs, nbytes int64, direct bool) (Algorithm, error) {
 	switch {
 	case !c.custom:
 		return 0, invalid("the fused all-reduce + RMSNorm runs on goccl's kernels only, which cannot serve this communicator (%s)", c.noCustomWhy)
@@ -169,10 +192,10 @@ func (c *Comm) routeFused(algo Algorithm, a FusedArgs, nbytes int64) (Algorithm,
 		return 0, invalid("%d rows of %d %v elements are %d bytes, more than MaxBytes (%d): raise Options.MaxBytes or split the rows", a.Rows, a.Hidden, a.DType, nbytes, c.opts.MaxBytes)
 	}
 	rowBytes := int64(a.Hidden * a.DType.Size())
-	tmpFits := ptx.FusedTmpBytes(c.size, a.Rows, rowBytes) <= int64(c.layout.recv-c.layout.tmp)
+	tmpFits := direct || ptx.FusedTmpBytes(c.size, a.Rows, rowBytes) <= int64(c.layout.recv-c.layout.tmp)
 	switch algo {
 	case Auto:
-		algo = selectFused(c.major, c.size, a.Rows, nbytes, c.scope == ptx.ScopeGPU)
+		algo = selectFused(c.major, c.size, a.Rows, nbytes, direct, c.scope == ptx.ScopeGPU)
 		if algo == TwoShot && !tmpFits {
 			algo = OneShot
 		}

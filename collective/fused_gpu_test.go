@@ -202,9 +202,11 @@ func TestAllReduceResidualRMSNorm(t *testing.T) {
 }
 
 // TestAllReduceResidualRMSNormRegisteredAndGraph: registered inputs (read in place by the
-// peers, also with In == ResidualOut, which OneShot then stages) and graphs captured with
-// Capture, replayed on fresh data, at 2, 4, 8 and 16 ranks, both kernels, bf16 and f16,
-// hidden 5120 and 8192, rows 7 and 128 (the grid of the eager test is cut here).
+// peers, also with In == ResidualOut, which OneShot then stages), then registered outputs too
+// (TwoShot writes the finished rows straight into every rank's outputs: direct), and graphs
+// captured with Capture (direct as well), replayed on fresh data, at 2, 4, 8 and 16 ranks,
+// both kernels, bf16 and f16, hidden 5120 and 8192, rows 7 and 128 (the grid of the eager
+// test is cut here).
 func TestAllReduceResidualRMSNormRegisteredAndGraph(t *testing.T) {
 	requireGPU(t)
 	rng := rand.New(rand.NewPCG(23, 24))
@@ -217,54 +219,66 @@ func TestAllReduceResidualRMSNormRegisteredAndGraph(t *testing.T) {
 					_, err := rb.comm.Register(context.Background(), g.bufs[rb.comm.Rank()].in, maxBytes)
 					return err
 				})
-				for _, dt := range []dtype.DType{dtype.BFloat16, dtype.Float16} {
-					for _, hidden := range []int{5120, 8192} {
-						for _, rows := range []int{7, 128} {
-							fc := newFusedCase(rng, dt, ws, rows, hidden)
-							what := fmt.Sprintf("%v rows %d hidden %d", dt, rows, hidden)
-							wantR, wantN := fc.want(t, algo, false)
-							g.upload(fc)
-							require.True(t, g.call(fc, algo, true, false))
-							g.syncAll(30 * time.Second)
-							g.checkFused(fc, wantR, wantN, true, what+" registered")
-
-							// In == ResidualOut: the residual goes into the input buffer.
-							g.upload(fc)
-							for r, rb := range g.ranks {
-								a := g.args(r, fc, false, false)
-								a.ResidualOut = a.In
-								require.NoError(t, rb.comm.AllReduceResidualRMSNormWith(rb.stream, a, algo))
-							}
-							g.syncAll(30 * time.Second)
-							for r, rb := range g.ranks {
-								got := make([]byte, len(wantR))
-								require.NoError(t, rb.comm.Context().CopyDtoH(got, g.bufs[r].in))
-								n, _ := ref.Compare(dt, wantR, got)
-								require.Zero(t, n, "%s: rank %d: In == ResidualOut", what, r)
-							}
-
-							// A graph of the call, replayed twice on fresh inputs.
-							graphs := make([]*collective.Graph, ws)
-							g.parallel(func(rb *rankBufs) error {
-								r := rb.comm.Rank()
-								var err error
-								graphs[r], err = rb.comm.Capture(context.Background(), rb.stream, func() error {
-									return rb.comm.AllReduceResidualRMSNormWith(rb.stream, g.args(r, fc, true, false), algo)
-								})
+				for _, outputs := range []bool{false, true} {
+					if outputs {
+						g.parallel(func(rb *rankBufs) error {
+							b := g.bufs[rb.comm.Rank()]
+							if _, err := rb.comm.Register(context.Background(), b.residual, maxBytes); err != nil {
 								return err
-							})
-							for replay := range 2 {
-								fc = newFusedCase(rng, dt, ws, rows, hidden)
-								wantR, wantN = fc.want(t, algo, false)
+							}
+							_, err := rb.comm.Register(context.Background(), b.normOut, maxBytes)
+							return err
+						})
+					}
+					for _, dt := range []dtype.DType{dtype.BFloat16, dtype.Float16} {
+						for _, hidden := range []int{5120, 8192} {
+							for _, rows := range []int{7, 128} {
+								fc := newFusedCase(rng, dt, ws, rows, hidden)
+								what := fmt.Sprintf("%v rows %d hidden %d registered outputs %v", dt, rows, hidden, outputs)
+								wantR, wantN := fc.want(t, algo, false)
+								g.upload(fc)
+								require.True(t, g.call(fc, algo, true, false))
+								g.syncAll(30 * time.Second)
+								g.checkFused(fc, wantR, wantN, true, what+" registered")
+
+								// In == ResidualOut: the residual goes into the input buffer.
 								g.upload(fc)
 								for r, rb := range g.ranks {
-									require.NoError(t, graphs[r].Launch(rb.stream))
+									a := g.args(r, fc, false, false)
+									a.ResidualOut = a.In
+									require.NoError(t, rb.comm.AllReduceResidualRMSNormWith(rb.stream, a, algo))
 								}
 								g.syncAll(30 * time.Second)
-								g.checkFused(fc, wantR, wantN, true, fmt.Sprintf("%s graph replay %d", what, replay))
-							}
-							for _, x := range graphs {
-								require.NoError(t, x.Close())
+								for r, rb := range g.ranks {
+									got := make([]byte, len(wantR))
+									require.NoError(t, rb.comm.Context().CopyDtoH(got, g.bufs[r].in))
+									n, _ := ref.Compare(dt, wantR, got)
+									require.Zero(t, n, "%s: rank %d: In == ResidualOut", what, r)
+								}
+
+								// A graph of the call, replayed twice on fresh inputs.
+								graphs := make([]*collective.Graph, ws)
+								g.parallel(func(rb *rankBufs) error {
+									r := rb.comm.Rank()
+									var err error
+									graphs[r], err = rb.comm.Capture(context.Background(), rb.stream, func() error {
+										return rb.comm.AllReduceResidualRMSNormWith(rb.stream, g.args(r, fc, true, false), algo)
+									})
+									return err
+								})
+								for replay := range 2 {
+									fc = newFusedCase(rng, dt, ws, rows, hidden)
+									wantR, wantN = fc.want(t, algo, false)
+									g.upload(fc)
+									for r, rb := range g.ranks {
+										require.NoError(t, graphs[r].Launch(rb.stream))
+									}
+									g.syncAll(30 * time.Second)
+									g.checkFused(fc, wantR, wantN, true, fmt.Sprintf("%s graph replay %d", what, replay))
+								}
+								for _, x := range graphs {
+									require.NoError(t, x.Close())
+								}
 							}
 						}
 					}

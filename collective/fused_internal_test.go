@@ -74,24 +74,24 @@ func TestRouteFused(t *testing.T) {
 	c := &Comm{opts: o, size: 8, major: 9, custom: true}
 	c.layout = newArenaLayout(o, c.size)
 	a := FusedArgs{Rows: 64, Hidden: 8192, DType: BFloat16} // 1 MiB
-	algo, err := c.routeFused(Auto, a, 1<<20)
+	algo, err := c.routeFused(Auto, a, 1<<20, false)
 	require.NoError(t, err)
 	assert.Equal(t, TwoShot, algo, "1 MiB over 8 ranks")
-	algo, err = c.routeFused(Auto, FusedArgs{Rows: 1, Hidden: 8192, DType: BFloat16}, 16<<10)
+	algo, err = c.routeFused(Auto, FusedArgs{Rows: 1, Hidden: 8192, DType: BFloat16}, 16<<10, false)
 	require.NoError(t, err)
 	assert.Equal(t, OneShot, algo, "one row")
 	for _, forced := range []Algorithm{OneShot, TwoShot} {
-		algo, err = c.routeFused(forced, a, 1<<20)
+		algo, err = c.routeFused(forced, a, 1<<20, false)
 		require.NoError(t, err)
 		assert.Equal(t, forced, algo)
 	}
-	_, err = c.routeFused(Push, a, 1<<20)
+	_, err = c.routeFused(Push, a, 1<<20, false)
 	assert.ErrorIs(t, err, ErrInvalidArgument)
 	assert.ErrorContains(t, err, "no push kernel")
-	_, err = c.routeFused(NCCL, a, 1<<20)
+	_, err = c.routeFused(NCCL, a, 1<<20, false)
 	assert.ErrorContains(t, err, "no nccl kernel")
 	big := FusedArgs{Rows: 65, Hidden: 8192, DType: BFloat16}
-	_, err = c.routeFused(Auto, big, 65*16384)
+	_, err = c.routeFused(Auto, big, 65*16384, false)
 	assert.ErrorIs(t, err, ErrInvalidArgument)
 	assert.ErrorContains(t, err, "more than MaxBytes")
 	// 9 rows of 64 KiB (f32) over 8 ranks: a band of 2 rows does not fit a tmp of about
@@ -102,13 +102,17 @@ func TestRouteFused(t *testing.T) {
 	o2, err := Options{MaxBytes: nbytes + 16}.withDefaults()
 	require.NoError(t, err)
 	c2.opts, c2.layout = o2, newArenaLayout(o2, 8)
-	algo, err = c2.routeFused(Auto, odd, nbytes)
+	algo, err = c2.routeFused(Auto, odd, nbytes, false)
 	require.NoError(t, err)
 	assert.Equal(t, OneShot, algo)
-	_, err = c2.routeFused(TwoShot, odd, nbytes)
+	_, err = c2.routeFused(TwoShot, odd, nbytes, false)
 	assert.ErrorContains(t, err, "tmp buffer")
+	// writing straight into shared outputs needs no tmp
+	algo, err = c2.routeFused(TwoShot, odd, nbytes, true)
+	require.NoError(t, err)
+	assert.Equal(t, TwoShot, algo)
 	noKernels := &Comm{opts: o, size: 8, custom: false, noCustomWhy: "one rank"}
-	_, err = noKernels.routeFused(Auto, a, 1<<20)
+	_, err = noKernels.routeFused(Auto, a, 1<<20, false)
 	assert.ErrorContains(t, err, "one rank")
 }
 

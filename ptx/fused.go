@@ -66,11 +66,13 @@ func FusedThreads(rowVectors int) int {
 // declaration, packed from by the launcher and checked against every generated .entry.
 func FusedParams(worldSize int) []Param {
 	return []Param{
-		{"p_inputs", 8, 8},    // registration table of ws input pointers (RMSNorm: the summed input)
-		{"p_resid_out", 8, 8}, // own ResidualOut
-		{"p_norm_out", 8, 8},  // own NormOut (unused with FlagNoNorm)
-		{"p_residual", 8, 8},  // own Residual
-		{"p_gamma", 8, 8},     // own Gamma (unused with FlagNoNorm)
+		{"p_inputs", 8, 8},     // registration table of ws input pointers (RMSNorm: the summed input)
+		{"p_resid_outs", 8, 8}, // two-shot direct: table of every rank's ResidualOut, else 0
+		{"p_norm_outs", 8, 8},  // two-shot direct: table of every rank's NormOut (unless FlagNoNorm), else 0
+		{"p_resid_out", 8, 8},  // own ResidualOut
+		{"p_norm_out", 8, 8},   // own NormOut (unused with FlagNoNorm)
+		{"p_residual", 8, 8},   // own Residual
+		{"p_gamma", 8, 8},      // own Gamma (unused with FlagNoNorm)
 		{"p_rows", 4, 4},
 		{"p_hvec", 4, 4}, // 16-byte vectors per row
 		{"p_rank", 4, 4},
