@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -297,6 +299,9 @@ func TestAllReduceResidualRMSNormRefusals(t *testing.T) {
 	g := newFusedGroup(t, 2, collective.Options{Timeout: 3 * time.Second}, 1<<20)
 	fc := newFusedCase(rng, dtype.BFloat16, 2, 8, 4096)
 	rb := g.ranks[0]
+	goMemory := make([]byte, 2*16384+16)
+	hostPtr := driver.DevicePtr((uintptr(unsafe.Pointer(&goMemory[0])) + 15) &^ 15)
+	defer runtime.KeepAlive(goMemory)
 	bad := map[string]func(a *collective.FusedArgs){
 		"NormOut is In":             func(a *collective.FusedArgs) { a.NormOut = a.In },
 		"NormOut is ResidualOut":    func(a *collective.FusedArgs) { a.NormOut = a.ResidualOut },
@@ -305,7 +310,7 @@ func TestAllReduceResidualRMSNormRefusals(t *testing.T) {
 		"hidden 4100":               func(a *collective.FusedArgs) { a.Hidden = 4100; a.Rows = 1 },
 		"hidden 1024":               func(a *collective.FusedArgs) { a.Hidden = 1024 },
 		"past MaxBytes":             func(a *collective.FusedArgs) { a.Rows = 129 },
-		"host pointer":              func(a *collective.FusedArgs) { a.Gamma = 0x1000 },
+		"pageable Go memory":        func(a *collective.FusedArgs) { a.Gamma = hostPtr },
 	}
 	for name, f := range bad {
 		a := g.args(0, fc, true, false)
@@ -367,6 +372,8 @@ func launchNorm(s *driver.Stream, fn *driver.Function, args *driver.Args, sum, r
 	hvec := hidden * dt.Size() / ptx.VectorBytes
 	args.Reset()
 	args.Ptr(sum)
+	args.Ptr(0) // no output tables: one rank
+	args.Ptr(0)
 	args.Ptr(residOut)
 	args.Ptr(normOut)
 	args.Ptr(residual)
