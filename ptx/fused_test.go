@@ -1,6 +1,8 @@
 package ptx
 
 import (
+	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -84,4 +86,102 @@ func TestFusedPTXAssembles(t *testing.T) {
 			assert.LessOrEqual(t, rep.Registers, 65536/ThreadsPerBlock, "registers for one block of %d threads per SM", ThreadsPerBlock)
 		})
 	}
+}
+
+// TestFusedArithmetic checks in the text what internal/ref.Fused relies on: IEEE-exact
+// instructions only (no fma, no approximation, no flush to zero), the norm's steps in order,
+// and the warp tree's shuffle distances 16, 8, 4, 2, 1 in every block sum.
+func TestFusedArithmetic(t *testing.T) {
+	shfl := regexp.MustCompile(`shfl\.sync\.down\.b32 %x, %ss, (\d+),`)
+	check := func(name string, src []byte, blockSums int) {
+		text := code(src)
+		for _, bad := range []string{"fma", "mad.rn", ".approx", ".ftz", "rsqrt", "add.f32", "mul.f32", "div.full"} {
+			assert.False(t, has(text, bad), "%s: %s", name, bad)
+		}
+		var dists []string
+		for _, m := range shfl.FindAllStringSubmatch(text, -1) {
+			dists = append(dists, m[1])
+		}
+		want := []string{}
+		for range 2 * blockSums {
+			want = append(want, "16", "8", "4", "2", "1")
+		}
+		assert.Equal(t, want, dists, name)
+		assert.Equal(t, blockSums, strings.Count(text, "shfl.sync.idx.b32 %ss, %ss, 0,"), name)
+		steps := regexp.MustCompile(`div\.rn\.f32 %ss, %ss, %hid;\s+add\.rn\.f32 %ss, %ss, %eps;\s+sqrt\.rn\.f32 %ss, %ss;\s+div\.rn\.f32 %inv, 0f3F800000, %ss;`)
+		assert.Len(t, steps.FindAllString(text, -1), blockSums, "%s: mean, + eps, sqrt, reciprocal", name)
+		// x * inv, then * gamma, per element
+		assert.Regexp(t, `mul\.rn\.f32 %acc0, %acc0, %inv;\s+mul\.rn\.f32 %acc0, %acc0, %gx;`, text, name)
+		// squares: mul then add, never fused
+		assert.Regexp(t, `mul\.rn\.f32 %x, %x, %x;\s+add\.rn\.f32 %ss, %ss, %x;`, text, name)
+	}
+	for _, s := range allFusedSpecs() {
+		src, err := s.Generate()
+		require.NoError(t, err)
+		sums := 1
+		if s.Algo == TwoShot {
+			sums = 2 // through tmp and direct
+		}
+		check(s.EntryName()+"_"+s.Target.String(), src, sums)
+	}
+	for _, dt := range dtype.All {
+		src, err := NormSpec{dt, SM90}.Generate()
+		require.NoError(t, err)
+		check(NormSpec{dt, SM90}.EntryName(), src, 1)
+	}
+}
+
+// TestFusedBarriers: one-shot passes the entry and exit barriers, two-shot the entry barrier
+// and either the middle or the delivered one, each kernel checks the call, and only sm_90 has
+// PDL.
+func TestFusedBarriers(t *testing.T) {
+	for _, s := range allFusedSpecs() {
+		text := code(mustGenerate(t, s.Generate))
+		name := s.EntryName() + "_" + s.Target.String()
+		src := string(mustGenerate(t, s.Generate))
+		assert.Contains(t, src, "==== entry barrier", name)
+		if s.Algo == OneShot {
+			assert.Contains(t, src, "==== exit barrier", name)
+			assert.NotContains(t, src, "==== middle barrier", name)
+		} else {
+			assert.Contains(t, src, "==== middle barrier", name)
+			assert.Contains(t, src, "==== delivered barrier", name)
+		}
+		assert.Contains(t, src, "call check, second half", name)
+		assert.Equal(t, s.Target == SM90, has(text, "griddepcontrol.wait"), name)
+	}
+}
+
+func mustGenerate(t *testing.T, gen func() ([]byte, error)) []byte {
+	t.Helper()
+	src, err := gen()
+	require.NoError(t, err)
+	return src
+}
+
+func TestFusedCall(t *testing.T) {
+	c := FusedCall(TwoShot, dtype.BFloat16, 513, 16384, false)
+	assert.Equal(t, OpAllReduceRMSNorm, c.Op)
+	rows, hidden := FusedShape(c.Count)
+	assert.Equal(t, [2]int{513, 16384}, [2]int{rows, hidden})
+	assert.Equal(t, c, DecodeCall(c.Fingerprint()))
+	assert.Equal(t, "all-reduce+rmsnorm of 513 rows of 16384 bf16 elements (twoshot)", c.String())
+	// the same elements in other rows, or without the norm, are other calls
+	assert.NotEqual(t, c.Fingerprint(), FusedCall(TwoShot, dtype.BFloat16, 1026, 8192, false).Fingerprint())
+	nn := FusedCall(TwoShot, dtype.BFloat16, 513, 16384, true)
+	assert.Equal(t, OpAllReduceResidual, nn.Op)
+	assert.NotEqual(t, c.Fingerprint(), nn.Fingerprint())
+	assert.NotEqual(t, c.Fingerprint(), Call{Op: OpAllReduce, Algo: TwoShot, DType: dtype.BFloat16, Count: 513 * 16384}.Fingerprint())
+	assert.Equal(t, "all-reduce+residual", OpAllReduceResidual.String())
+
+	assert.Equal(t, int64(3*4096+12), FusedTmpBytes(4, 9, 4096), "bands of at most 3 rows and their inv")
+	assert.Equal(t, 32, FusedThreads(1))
+	assert.Equal(t, 256, FusedThreads(256))
+	assert.Equal(t, 512, FusedThreads(4096))
+
+	assert.ErrorContains(t, FusedSpec{Push, dtype.BFloat16, 4, SM90, ScopeSystem}.Validate(), "OneShot and ptx.TwoShot")
+	assert.ErrorContains(t, FusedSpec{OneShot, dtype.BFloat16, 17, SM90, ScopeSystem}.Validate(), "world size 17")
+	_, err := NormSpec{DType: 0, Target: SM90}.Generate()
+	assert.Error(t, err)
+	assert.Equal(t, "goccl_fused_twoshot_f16_w8_gpu", FusedSpec{TwoShot, dtype.Float16, 8, SM80, ScopeGPU}.EntryName())
 }
