@@ -1,6 +1,7 @@
 package ptx
 
 import (
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
@@ -184,4 +185,39 @@ func TestFusedCall(t *testing.T) {
 	_, err := NormSpec{DType: 0, Target: SM90}.Generate()
 	assert.Error(t, err)
 	assert.Equal(t, "goccl_fused_twoshot_f16_w8_gpu", FusedSpec{TwoShot, dtype.Float16, 8, SM80, ScopeGPU}.EntryName())
+}
+
+// TestFusedOccupancy: collective caps every grid with the smallest occupancy of the plain
+// kernels of a world size (512-thread blocks per SM, from their registers), and loads a fused
+// kernel only if it fits as many blocks per SM. Checked here with ptxas where the plain
+// kernels fit more than one block (few ranks): a fused kernel that needed more registers
+// would make every fused call of such a communicator fail.
+func TestFusedOccupancy(t *testing.T) {
+	ptxas := ptxasPath(t)
+	blocksPerSM := func(regs int) int { return 65536 / ((regs + 7) / 8 * 8 * ThreadsPerBlock) }
+	for _, target := range []Target{SM80, SM90} {
+		for _, scope := range Scopes {
+			for ws := 2; ws <= 4; ws++ {
+				t.Run(fmt.Sprintf("%s/%s/w%d", target, scope, ws), func(t *testing.T) {
+					t.Parallel()
+					plain := 1 << 30
+					for _, algo := range Algorithms {
+						for _, dt := range dtype.All {
+							rep, err := assemble(ptxas, target.String(), mustGenerate(t, Spec{algo, dt, ws, target, ScopeSystem}.Generate), t.TempDir())
+							require.NoError(t, err)
+							plain = min(plain, blocksPerSM(rep.Registers))
+						}
+					}
+					for _, algo := range []Algorithm{OneShot, TwoShot} {
+						for _, dt := range dtype.All {
+							s := FusedSpec{algo, dt, ws, target, scope}
+							rep, err := assemble(ptxas, target.String(), mustGenerate(t, s.Generate), t.TempDir())
+							require.NoError(t, err)
+							assert.GreaterOrEqual(t, blocksPerSM(rep.Registers), plain, "%s: %d registers", s.EntryName(), rep.Registers)
+						}
+					}
+				})
+			}
+		}
+	}
 }
