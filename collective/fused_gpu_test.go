@@ -161,7 +161,8 @@ var (
 // TestAllReduceResidualRMSNorm runs both fused kernels at 2, 4, 8 and 16 virtual ranks, bf16
 // and f16, every hidden size of fusedHidden and row count of fusedRows (MaxBytes 17 MiB holds
 // 513 rows of 16384 bf16), ResidualOut in place over the residual; each result bitwise
-// against internal/ref on every rank. Out of place and NoNorm on a smaller grid.
+// against internal/ref on every rank. Out of place and NoNorm (hidden 5120, up to 32 rows),
+// and f32 (hidden 2048 and 4096, up to 128 rows) on a smaller grid.
 func TestAllReduceResidualRMSNorm(t *testing.T) {
 	requireGPU(t)
 	rng := rand.New(rand.NewPCG(21, 22))
@@ -169,9 +170,12 @@ func TestAllReduceResidualRMSNorm(t *testing.T) {
 	for _, ws := range []int{2, 4, 8, 16} {
 		t.Run(fmt.Sprintf("ws%d", ws), func(t *testing.T) {
 			g := newFusedGroup(t, ws, collective.Options{Timeout: 5 * time.Second}, maxBytes)
-			for _, dt := range []dtype.DType{dtype.BFloat16, dtype.Float16} {
+			for _, dt := range dtype.All {
 				for _, hidden := range fusedHidden {
 					for _, rows := range fusedRows {
+						if dt == dtype.Float32 && (hidden%2048 != 0 || hidden > 4096 || rows > 128) {
+							continue // f32 on a smaller grid
+						}
 						fc := newFusedCase(rng, dt, ws, rows, hidden)
 						for _, algo := range []collective.Algorithm{collective.OneShot, collective.TwoShot} {
 							what := fmt.Sprintf("%v %v rows %d hidden %d", algo, dt, rows, hidden)
