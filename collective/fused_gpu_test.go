@@ -441,24 +441,31 @@ func TestRMSNormKernel(t *testing.T) {
 // into a sum buffer, then goccl's single-rank residual add + RMSNorm kernel) in the fork/join
 // harness of BenchmarkAllReduceForkJoin: one CUDA graph of 200 layers, registered inputs,
 // ResidualOut in place over the residual, bf16, hidden 8192, rows 1 to 512, at 2, 4 and 8
-// virtual ranks, Auto selection for both.
+// virtual ranks, Auto selection for both. fused-direct registers ResidualOut and NormOut too,
+// so that a TwoShot writes the finished rows straight into every rank's outputs.
 func BenchmarkAllReduceResidualRMSNorm(b *testing.B) {
 	requireGPU(b)
 	const hidden = 8192
 	dt := dtype.BFloat16
 	for _, ws := range []int{2, 4, 8} {
 		for _, rows := range []int{1, 8, 32, 128, 512} {
-			for _, fused := range []bool{true, false} {
-				name := "unfused"
-				if fused {
-					name = "fused"
-				}
-				b.Run(fmt.Sprintf("ws%d/rows%d/%s", ws, rows, name), func(b *testing.B) {
+			for _, variant := range []string{"fused", "fused-direct", "unfused"} {
+				fused := variant != "unfused"
+				b.Run(fmt.Sprintf("ws%d/rows%d/%s", ws, rows, variant), func(b *testing.B) {
 					nbytes := rows * hidden * dt.Size()
 					g := newFusedGroup(b, ws, collective.Options{Timeout: 50 * time.Millisecond}, max(nbytes, 1<<20))
 					g.parallel(func(rb *rankBufs) error {
-						_, err := rb.comm.Register(context.Background(), g.bufs[rb.comm.Rank()].in, uint64(max(nbytes, 1<<20)))
-						return err
+						bf := g.bufs[rb.comm.Rank()]
+						bufs := []driver.DevicePtr{bf.in}
+						if variant == "fused-direct" {
+							bufs = append(bufs, bf.residual, bf.normOut)
+						}
+						for _, p := range bufs {
+							if _, err := rb.comm.Register(context.Background(), p, uint64(max(nbytes, 1<<20))); err != nil {
+								return err
+							}
+						}
+						return nil
 					})
 					fc := newFusedCase(rand.New(rand.NewPCG(1, 2)), dt, ws, rows, hidden)
 					g.upload(fc)
