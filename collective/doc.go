@@ -27,6 +27,15 @@
 //     barriers are GPU-scope when every rank runs on one GPU (virtual ranks, or processes
 //     sharing it), system-scope otherwise.
 //
+// # Fused all-reduce + residual add + RMSNorm
+//
+// AllReduceResidualRMSNorm is the call that ends a tensor-parallel transformer layer:
+// ResidualOut = allreduce(In) + Residual and NormOut = RMSNorm(ResidualOut) * Gamma, in one
+// kernel (one-shot, or two-shot where each rank norms a band of whole rows), with the same
+// barriers, watchdog, registration, graphs and PDL as AllReduce. The sum makes no extra trip
+// through HBM and the layer pays one launch instead of two. The arithmetic order, and so every
+// rounding, is fixed (docs/kernel-abi.md); internal/ref reproduces it bit for bit.
+//
 // # Inputs and graphs
 //
 // OneShot and TwoShot read the peers' inputs directly, so the input must be in memory the

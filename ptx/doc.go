@@ -46,7 +46,11 @@
 //	zerolanes       the all-zero-element marking of the push protocol
 //
 // oneshot.ptx.tmpl, twoshot.ptx.tmpl and push.ptx.tmpl each define one
-// kernel from these pieces. A piece that needs temporaries or labels opens a
+// kernel from these pieces. fused.ptx.tmpl defines the fused all-reduce +
+// residual add + RMSNorm kernels (FusedSpec: one-shot and two-shot, their
+// parameter list declared once in FusedParams) and the single-rank residual
+// add + RMSNorm kernel (NormSpec) that the benchmarks pair with a plain
+// all-reduce. A piece that needs temporaries or labels opens a
 // { } scope, which scopes both in PTX, so it can be used several times in a
 // kernel.
 //
