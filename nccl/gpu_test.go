@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/goccl/goccl/driver"
+	"github.com/goccl/goccl/internal/gputest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -30,15 +31,7 @@ const gpuTimeout = 60 * time.Second
 // requireNCCLGPU returns the primary context of device 0, closed at the end of the test.
 func requireNCCLGPU(t testing.TB) *driver.Context {
 	t.Helper()
-	if err := driver.Init(); err != nil {
-		if !errors.Is(err, driver.ErrNoDriver) && !errors.Is(err, driver.ErrNoDevice) {
-			t.Fatalf("init CUDA: %v", err)
-		}
-		if os.Getenv("GOCCL_REQUIRE_GPU") == "1" {
-			t.Fatalf("GOCCL_REQUIRE_GPU=1 but no usable GPU: %v", err)
-		}
-		t.Skipf("no GPU: %v", err)
-	}
+	gputest.Require(t)
 	if err := Load(); err != nil {
 		if os.Getenv("GOCCL_REQUIRE_NCCL") == "1" {
 			t.Fatalf("GOCCL_REQUIRE_NCCL=1 but: %v", err)
