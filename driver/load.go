@@ -297,7 +297,7 @@ func openFirst(paths []string) (uintptr, string, error) {
 				continue
 			}
 		}
-		h, err := purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_LOCAL)
+		h, err := dlopen(p, purego.RTLD_NOW|purego.RTLD_LOCAL)
 		if err == nil {
 			return h, p, nil
 		}
@@ -350,4 +350,13 @@ func mappedFile(addr uintptr) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// dlopen is purego.Dlopen on one OS thread: dlerror's reason for a failure belongs to the
+// thread that called dlopen, and the goroutine could otherwise move between the two calls and
+// report an empty reason.
+func dlopen(path string, mode int) (uintptr, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return purego.Dlopen(path, mode)
 }
