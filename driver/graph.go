@@ -3,6 +3,7 @@ package driver
 import (
 	"fmt"
 	"runtime"
+	"sync"
 	"unsafe"
 )
 
@@ -81,12 +82,22 @@ func (s *Stream) IsCapturing() (bool, error) {
 	if err := s.live(); err != nil {
 		return false, err
 	}
-	var status int32
-	if err := s.ctx.call(cuStreamIsCapturing, s.handle, uintptr(unsafe.Pointer(&status))); err != nil {
+	// The hot path allocates nothing: AllReduce asks on every call. The status lives in a
+	// pooled heap word (the heap does not move), kept alive across the call.
+	p := captureStatuses.Get().(*int32)
+	*p = 0
+	err := s.ctx.hot(cuStreamIsCapturing, s.handle, uintptr(unsafe.Pointer(p)))
+	status := *p
+	runtime.KeepAlive(p)
+	captureStatuses.Put(p)
+	if err != nil {
 		return false, err
 	}
 	return status != captureStatusNone, nil
 }
+
+// captureStatuses holds the words IsCapturing receives the driver's answer in.
+var captureStatuses = sync.Pool{New: func() any { return new(int32) }}
 
 // Graph is a captured graph (CUgraph). Instantiate it to launch it; Close destroys it (an
 // instantiated GraphExec stays valid).

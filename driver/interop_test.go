@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"os"
 	"runtime"
 	"testing"
 	"time"
@@ -361,4 +362,32 @@ func TestMemoryTypeString(t *testing.T) {
 	assert.Equal(t, "array", MemoryArray.String())
 	assert.Equal(t, "unified", MemoryUnified.String())
 	assert.Equal(t, "MemoryType(9)", MemoryType(9).String())
+}
+
+// TestIsCapturing: the capture status comes back right, from the stream's context, and asking
+// allocates nothing (collective asks on every all-reduce).
+func TestIsCapturing(t *testing.T) {
+	if err := need(FeatureGraphs); err != nil {
+		// IsCapturing asks for the feature first, which needs the symbol table of a real
+		// libcuda (GOCCL_LIBCUDA; CI has Debian's).
+		if os.Getenv("GOCCL_REQUIRE_TOOLS") == "1" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	sym := fakeCUDA(t)
+	for _, name := range []string{"cuCtxSetCurrent", "cuStreamIsCapturing"} {
+		swapSymbol(t, symbolSlot(t, name), sym(name))
+	}
+	_, s, _ := fakeHandles()
+	capturing, err := s.IsCapturing()
+	require.NoError(t, err)
+	assert.False(t, capturing)
+	assert.Equal(t, uint64(0x5e), fakeRecord(t, sym, 58), "stream given to cuStreamIsCapturing")
+	assert.Equal(t, uint64(0xc0), fakeRecord(t, sym, 59), "with the stream's context current")
+	fakeCall(t, sym, "fake_set_capturing", 1)
+	capturing, err = s.IsCapturing()
+	require.NoError(t, err)
+	assert.True(t, capturing)
+	assert.Zero(t, testing.AllocsPerRun(200, func() { _, _ = s.IsCapturing() }))
 }

@@ -46,6 +46,7 @@ _Static_assert(sizeof(CUlaunchConfig) == 56, "CUlaunchConfig size");
 //   44 cuPointerGetAttributes calls, 45 numAttributes, 46..51 attributes, 52 pointer,
 //   53 context current at it, 54 cuPointerGetAttribute calls, 55 cuCtxSetCurrent calls
 //   56 cuDevicePrimaryCtxRelease_v2 calls, 57 its device
+//   58 stream given to cuStreamIsCapturing, 59 context current at it
 static uint64_t rec[64];
 
 // The context current on the calling thread, and the thread's stream capture mode
@@ -56,6 +57,9 @@ static __thread int capture_mode;
 // A CUresult that every context-bound call returns, as after a kernel fault; 0 for none.
 static int sticky;
 
+// The capture status cuStreamIsCapturing reports (CU_STREAM_CAPTURE_STATUS_ACTIVE = 1).
+static int capturing;
+
 uint64_t fake_get(int i) { return rec[i]; }
 
 void fake_reset(void) {
@@ -63,6 +67,7 @@ void fake_reset(void) {
     current = NULL;
     capture_mode = 0;
     sticky = 0;
+    capturing = 0;
 }
 
 void fake_set_sticky(int code) { sticky = code; }
@@ -139,6 +144,15 @@ int cuStreamQuery(void *s) {
     rec[37] = (uint64_t)(uintptr_t)s;
     rec[38] = (uint64_t)(uintptr_t)current;
     rec[39] = (uint64_t)capture_mode;
+    return sticky;
+}
+
+void fake_set_capturing(int status) { capturing = status; }
+
+int cuStreamIsCapturing(void *s, int *status) {
+    rec[58] = (uint64_t)(uintptr_t)s;
+    rec[59] = (uint64_t)(uintptr_t)current;
+    *status = capturing;
     return sticky;
 }
 
