@@ -389,5 +389,7 @@ func TestIsCapturing(t *testing.T) {
 	capturing, err = s.IsCapturing()
 	require.NoError(t, err)
 	assert.True(t, capturing)
-	assert.Zero(t, testing.AllocsPerRun(200, func() { _, _ = s.IsCapturing() }))
+	if !raceEnabled { // the race detector makes sync.Pool drop items on purpose
+		assert.Zero(t, testing.AllocsPerRun(200, func() { _, _ = s.IsCapturing() }))
+	}
 }
