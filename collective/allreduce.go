@@ -104,12 +104,18 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 	a.U32(flags)
 	a.U32(tail)
 	a.U64(ptx.Call{Op: ptx.OpAllReduce, Algo: kernel, DType: dt, Count: uint64(count)}.Fingerprint())
+	return c.launch(stream, c.kernels.fn[c.scope][kernel][dt], blocks, threads, a)
+}
+
+// launch starts fn on stream with the packed arguments (with PDL where the communicator uses
+// it) and lets Close wait for it.
+func (c *Comm) launch(stream *driver.Stream, fn *driver.Function, blocks, threads int, args *driver.Args) error {
 	c.cfg = driver.LaunchConfig{Grid: [3]uint32{uint32(blocks), 1, 1}, Block: [3]uint32{uint32(threads), 1, 1}}
-	fn := c.kernels.fn[c.scope][kernel][dt]
+	var err error
 	if c.pdl {
-		err = driver.LaunchEx(stream, fn, &c.cfg, a, true)
+		err = driver.LaunchEx(stream, fn, &c.cfg, args, true)
 	} else {
-		err = driver.Launch(stream, fn, &c.cfg, a)
+		err = driver.Launch(stream, fn, &c.cfg, args)
 	}
 	if err != nil {
 		return c.fail(fmt.Errorf("collective: rank %d: launch %s: %w", c.rank, fn.Name(), err))

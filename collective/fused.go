@@ -142,21 +142,7 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 	}
 	args.U32(flags)
 	args.U64(ptx.FusedCall(kernel, a.DType, a.Rows, a.Hidden, a.NoNorm).Fingerprint())
-	c.cfg = driver.LaunchConfig{Grid: [3]uint32{uint32(blocks), 1, 1}, Block: [3]uint32{uint32(threads), 1, 1}}
-	if c.pdl {
-		err = driver.LaunchEx(stream, fn, &c.cfg, args, true)
-	} else {
-		err = driver.Launch(stream, fn, &c.cfg, args)
-	}
-	if err != nil {
-		return c.fail(fmt.Errorf("collective: rank %d: launch %s: %w", c.rank, fn.Name(), err))
-	}
-	if c.capture == nil {
-		if err := c.noteWork(stream); err != nil {
-			return c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
-		}
-	}
-	return nil
+	return c.launch(stream, fn, blocks, threads, args)
 }
 
 // fusedShape is the grid of a fused launch: one block per row (OneShot) or per row of the
