@@ -33,6 +33,9 @@ type kernelSet struct {
 	// kernelCache.mu): fusedKernel loads each on its first use, so that communicators that
 	// never call AllReduceResidualRMSNorm pay no JIT for them.
 	fused [ptx.ScopeGPU + 1][ptx.TwoShot + 1][dtype.BFloat16 + 1]*driver.Function
+	// norm holds the single-rank residual add + RMSNorm kernels loaded so far (guarded by
+	// kernelCache.mu), one per element type: normKernel loads each on its first use.
+	norm [dtype.BFloat16 + 1]*driver.Function
 }
 
 type kernelKey struct {
