@@ -62,6 +62,14 @@
 //	--json        print the results as one JSON document instead of the
 //	              table (see below); nothing else goes to stdout.
 //	--topo        print the GPUs and their links, and exit.
+//	--fused       measure the fused all-reduce + residual add + RMSNorm
+//	              beside the unfused pair, over row counts instead of
+//	              message sizes (see Fused).
+//	--hidden N    with --fused: elements per row, a multiple of 8 from 2048
+//	              to 16384 (default 8192).
+//	--rows list   with --fused: the row counts, comma-separated, each N or
+//	              A-B for A, A*f, ... up to B (-f, default 2); default
+//	              1,8,32,128,512. Each rank's input is rows*hidden elements.
 //
 // Which GPUs are visible follows CUDA_VISIBLE_DEVICES. GOCCL_LIBCUDA is the
 // path of libcuda.so.1 when the driver is not where the dynamic loader looks;
@@ -116,6 +124,68 @@
 // except where the order can make one: inputs of one sign that add up past
 // the largest finite value allow that sign's infinity (the exact sum may
 // still be finite), and both signs' together allow NaN.
+//
+// # Fused
+//
+// --fused measures the end of a tensor-parallel transformer layer: the
+// all-reduce of the layer's partial sums, the residual add and the RMSNorm,
+// ResidualOut = allreduce(In) + Residual and NormOut = RMSNorm(ResidualOut) *
+// Gamma with eps 1e-6, rows of --hidden elements. For each row count it
+// runs, on every rank:
+//
+//   - the fused call, collective.Comm.AllReduceResidualRMSNorm: one kernel;
+//   - the unfused pair: AllReduce into a sum buffer, then
+//     collective.Comm.ResidualRMSNorm over that sum: two kernels.
+//
+// In, the pair's sum, the residual and both outputs are registered (and a
+// graph shares them anyway), so a TwoShot writes the finished rows straight
+// into every rank's outputs. -a auto lets each call pick its algorithm (the
+// path and pair path columns say which); -a oneshot or twoshot forces both
+// calls to it; -a all runs oneshot and twoshot as two blocks; -a push is
+// refused, the fused call has no push kernel.
+//
+// Checking (-c 1): fresh activations for each row count (inputs in [-1, 1],
+// the residual in [-4, 4] and gamma in [-1.5, 1.5], both the same on every
+// rank), each call once out of place into poisoned outputs: the fused call's
+// ResidualOut and NormOut bitwise against internal/ref.Fused in the order of
+// its algorithm; the pair's sum bitwise against the all-reduce reference of
+// its path, and its outputs bitwise against internal/ref.Fused over that
+// sum; on every rank. Then each is timed in place (ResidualOut over the
+// residual), eagerly or with -g in one CUDA graph per rank, as the
+// all-reduces are.
+//
+// --backend nccl times the pair alone, its all-reduce through NCCL (the sum
+// checked within NCCL's tolerance, see NCCL; the outputs still bitwise over
+// the sum each rank got): NCCL has no fused call, so there is no fused
+// column. ResidualRMSNorm is one of goccl's kernels: on GPUs that goccl's
+// kernels cannot serve (see NCCL), the run fails saying so.
+//
+// --backend both, -b and -e are refused with --fused (exit 2): run goccl and
+// nccl one after the other; the rows set the sizes, and the communicators'
+// MaxBytes is raised to the largest rows*hidden (the kernels take every row
+// count, where an all-reduce sweep hands NCCL the calls past 64 MiB).
+//
+// The table of a fused run has one line per row count:
+//
+//	rows, bytes (each rank's input), type, path (the fused call's
+//	algorithm), pair path (what served the pair's all-reduce), fused (us),
+//	unfused (us), ratio (fused / unfused: below 1 the fused call is
+//	faster), #wrong (fused and unfused together)
+//
+// Each table ends with the out-of-bounds line and
+//
+//	# Avg ratio            : 0.81 (geometric mean of fused / unfused)
+//
+// and the verdict reads, for example,
+//
+//	arsmoke: PASS — 8 ranks, bf16, fused, hidden 8192, 5 row counts, 0 wrong
+//
+// With --json, min_bytes, max_bytes and sizes describe the row counts'
+// inputs, blocks is empty, and fused holds the results: hidden, rows, eps,
+// blocks (algo, backend, wrong, avg_ratio, and rows with rows, bytes, type,
+// path, pair_path, fused_us, unfused_us, ratio, wrong, fused_wrong,
+// unfused_wrong) and first_mismatch (algo, rows, call: fused or unfused,
+// output: ResidualOut, NormOut or sum, rank, index, expected, got).
 //
 // # Output
 //

@@ -43,6 +43,7 @@ type config struct {
 	timeout            time.Duration
 	json               bool
 	topo               bool
+	fused              *fusedConfig // --fused: the sweep is over row counts of the fused call; nil otherwise
 }
 
 // options holds the flags as typed: the config fields that need no
@@ -56,6 +57,7 @@ type options struct {
 	deviceFlag string
 	minSize    byteSize
 	maxSize    byteSize
+	fused      fusedFlags
 }
 
 func (o *options) flagSet() *flag.FlagSet {
@@ -80,6 +82,7 @@ func (o *options) flagSet() *flag.FlagSet {
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "longest wait for a peer before the run fails")
 	fs.BoolVar(&o.json, "json", false, "print the results as one JSON document")
 	fs.BoolVar(&o.topo, "topo", false, "print the GPUs and their links, and exit")
+	o.fused.register(fs)
 	return fs
 }
 
@@ -178,11 +181,18 @@ func parseArgs(args []string) (config, error) {
 	if c.topo && c.json {
 		return config{}, fmt.Errorf("--topo prints text only: drop --json")
 	}
+	if err := o.fused.parse(fs, &c, o.algoName); err != nil {
+		return config{}, err
+	}
 	return c, nil
 }
 
-// sizes lists the message sizes of the sweep: -b, then times -f up to -e.
+// sizes lists the message sizes of the sweep: -b, then times -f up to -e; with --fused, each
+// rank's bytes at each row count.
 func (c config) sizes() []int64 {
+	if c.fused != nil {
+		return c.fused.sizes(c.dtype)
+	}
 	var s []int64
 	for b := c.minBytes; b <= c.maxBytes; b *= c.factor {
 		s = append(s, b)

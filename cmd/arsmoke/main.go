@@ -145,6 +145,9 @@ func runRanks(ctx context.Context, c config, proc *procInfo, stdout, stderr io.W
 func measure(ctx context.Context, c config, devices []int, proc *procInfo, r *report, prog *progress) error {
 	r.Ranks = len(devices)
 	cfg := planEngine(c, devices, c.backend == backendGoccl && ncclLoads())
+	if c.fused != nil {
+		planFused(&cfg)
+	}
 	if g := cfg.Goccl; g != nil && g.MaxBytes < cfg.MaxBytes {
 		r.KernelMaxBytes = g.MaxBytes
 	}
@@ -160,7 +163,11 @@ func measure(ctx context.Context, c config, devices []int, proc *procInfo, r *re
 		return fmt.Errorf("set up %s: %w", describeMode(devices, c.procs), err)
 	}
 	r.describe(eng.Describe(), len(devices), mode)
-	err = sweep(ctx, eng, c, len(devices), r, prog)
+	if c.fused != nil {
+		err = sweepFused(ctx, eng, c, r, prog)
+	} else {
+		err = sweep(ctx, eng, c, len(devices), r, prog)
+	}
 	if cerr := eng.Close(); cerr != nil && err == nil {
 		err = fmt.Errorf("close the engine: %w", cerr)
 	}

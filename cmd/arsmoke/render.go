@@ -14,6 +14,10 @@ import (
 // per algorithm with its footer, then the verdict.
 func renderText(w io.Writer, r *report) error {
 	bw := bufio.NewWriter(w)
+	if r.Fused != nil {
+		renderFused(bw, r)
+		return bw.Flush()
+	}
 	check := "on"
 	if !r.Check {
 		check = "off"
@@ -24,12 +28,7 @@ func renderText(w io.Writer, r *report) error {
 	}
 	fmt.Fprintf(bw, "# arsmoke: all-reduce (sum) of %s, %v to %v bytes, factor %d, %d warm-up + %d timed iterations, %s, check %s\n",
 		r.DType, byteSize(r.MinBytes), byteSize(r.MaxBytes), r.Factor, r.Warmup, r.Iters, launch, check)
-	nccl := ""
-	if r.NCCL != "" {
-		nccl = ", NCCL " + r.NCCL
-	}
-	fmt.Fprintf(bw, "# goccl %s, CUDA driver %s%s, host %s\n", r.Goccl, r.Driver, nccl, r.Host)
-	fmt.Fprintf(bw, "# %s\n", r.Mode)
+	renderHost(bw, r)
 	fmt.Fprintf(bw, "# backend %s: %s\n", r.Backend, describeBackend(r))
 	if r.Check && r.Backend != backendGoccl {
 		dt, _ := dtype.Parse(r.DType)
@@ -40,11 +39,7 @@ func renderText(w io.Writer, r *report) error {
 		fmt.Fprintf(bw, "# check: %sNCCL's within %s x sum|x| of the exact sum per element (it adds in its own order, rounding in %s at each step); NaN or an infinity only where that order can overflow\n",
 			goccl, ncclTolerance(dt, r.Ranks), r.DType)
 	}
-	fmt.Fprintln(bw, "#\n# Using devices")
-	for _, d := range r.Devices {
-		fmt.Fprintf(bw, "#  Rank %2d Pid %7d device %2d [%s] %s\n", d.Rank, d.Pid, d.Device, d.BusID, d.Name)
-	}
-	fmt.Fprintln(bw, "#")
+	renderDevices(bw, r)
 	for _, b := range r.Blocks {
 		if b.Backend == backendBoth {
 			renderBoth(bw, r, b)
@@ -54,6 +49,26 @@ func renderText(w io.Writer, r *report) error {
 	}
 	fmt.Fprintln(bw, r.Verdict.Line)
 	return bw.Flush()
+}
+
+// renderHost prints the header lines that say what ran where: goccl, the driver, NCCL, the
+// host, and how the ranks are placed.
+func renderHost(w io.Writer, r *report) {
+	nccl := ""
+	if r.NCCL != "" {
+		nccl = ", NCCL " + r.NCCL
+	}
+	fmt.Fprintf(w, "# goccl %s, CUDA driver %s%s, host %s\n", r.Goccl, r.Driver, nccl, r.Host)
+	fmt.Fprintf(w, "# %s\n", r.Mode)
+}
+
+// renderDevices prints each rank's process and GPU.
+func renderDevices(w io.Writer, r *report) {
+	fmt.Fprintln(w, "#\n# Using devices")
+	for _, d := range r.Devices {
+		fmt.Fprintf(w, "#  Rank %2d Pid %7d device %2d [%s] %s\n", d.Rank, d.Pid, d.Device, d.BusID, d.Name)
+	}
+	fmt.Fprintln(w, "#")
 }
 
 // describeBackend says in a few words what the run's backend measures.

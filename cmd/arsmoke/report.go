@@ -40,6 +40,8 @@ type report struct {
 	Blocks []block `json:"blocks"`
 	// First is the first wrong element of the whole run.
 	First *located `json:"first_mismatch,omitempty"`
+	// Fused holds the results of a --fused run, whose Blocks stay empty.
+	Fused *fusedReport `json:"fused,omitempty"`
 	// Error says why the run stopped before the end.
 	Error   string  `json:"error,omitempty"`
 	Verdict verdict `json:"verdict"`
@@ -127,6 +129,7 @@ func newReport(c config) *report {
 		Check:    c.check,
 		Devices:  []RankDevice{},
 		Blocks:   []block{},
+		Fused:    newFusedReport(c),
 	}
 }
 
@@ -212,6 +215,7 @@ func (r *report) finish(runErr error) {
 			b.AvgSpeedup = math.Exp(logSpeedup / float64(speedups))
 		}
 	}
+	wrong += r.Fused.finish()
 	if runErr != nil {
 		r.Error = runErr.Error()
 	}
@@ -222,6 +226,9 @@ func (r *report) conclude(wrong int64) verdict {
 	what := fmt.Sprintf("%d sizes", r.Sizes)
 	if len(r.Blocks) > 1 {
 		what = fmt.Sprintf("%d algorithms x %d sizes", len(r.Blocks), r.Sizes)
+	}
+	if r.Fused != nil {
+		what = r.Fused.what()
 	}
 	switch r.Backend {
 	case backendNCCL:
@@ -242,6 +249,8 @@ func (r *report) conclude(wrong int64) verdict {
 		if f := r.First; f != nil {
 			line += fmt.Sprintf("; first: %s, %d B %s, rank %d, element %d: expected %s, got %s",
 				f.Algo, f.Bytes, placement(f.InPlace), f.Rank, f.Index, f.Expected, f.Got)
+		} else if f := r.Fused.firstMismatch(); f != "" {
+			line += "; first: " + f
 		}
 		return verdict{Line: line}
 	}
