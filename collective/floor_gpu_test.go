@@ -11,6 +11,7 @@ import (
 	"github.com/goccl/goccl/collective"
 	"github.com/goccl/goccl/driver"
 	"github.com/goccl/goccl/dtype"
+	"github.com/goccl/goccl/ptx"
 )
 
 const emptyKernelPTX = `
@@ -286,6 +287,43 @@ func BenchmarkAllReduceForkJoin(b *testing.B) {
 						ThreadsPerBlock: v.threads, PushBlocks: v.pushBlocks, DisablePDL: v.noPDL, Timeout: 50 * time.Millisecond}
 					benchForkJoin(b, ws, opts, nbytes, v.registerOutput)
 				})
+			}
+		}
+	}
+}
+
+// BenchmarkAllReduceGrid measures the points of the performance target (2, 4 and 8 ranks;
+// 16 KiB, 256 KiB, 1 MiB, 8 MiB) in the fork/join harness for each algorithm that may serve
+// them, with the default grid and with Options.Blocks = ptx.MaxBlocks (capped by occupancy like
+// any grid when ranks share a GPU), at GPU scope (the default with
+// every rank on one GPU) and at system scope (Options.SystemScope: the barriers of ranks on
+// different GPUs). Compare it with BenchmarkGraphForkJoinFloor/fork-rank0 of the same run.
+func BenchmarkAllReduceGrid(b *testing.B) {
+	requireGPU(b)
+	type variant struct {
+		name           string
+		algo           collective.Algorithm
+		registerOutput bool
+	}
+	variants := []variant{{"oneshot", collective.OneShot, false}, {"twoshot-direct", collective.TwoShot, true}, {"push", collective.Push, false}}
+	for _, ws := range []int{2, 4, 8} {
+		for _, nbytes := range []int{16 << 10, 256 << 10, 1 << 20, 8 << 20} {
+			for _, v := range variants {
+				if v.algo == collective.Push && nbytes > 256<<10 {
+					continue
+				}
+				for _, scope := range []string{"gpu", "sys"} {
+					for _, blocks := range []int{0, ptx.MaxBlocks} {
+						if v.algo == collective.Push && blocks != 0 {
+							continue
+						}
+						b.Run(fmt.Sprintf("ws%d/%s/%s/%s/blocks%d", ws, sizeName(nbytes), v.name, scope, blocks), func(b *testing.B) {
+							opts := collective.Options{Algorithm: v.algo, MaxBytes: int64(nbytes), PushMaxBytes: int64(nbytes),
+								Blocks: blocks, SystemScope: scope == "sys", Timeout: 50 * time.Millisecond}
+							benchForkJoin(b, ws, opts, nbytes, v.registerOutput)
+						})
+					}
+				}
 			}
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -60,12 +61,21 @@ type fusedCase struct {
 }
 
 func newFusedCase(rng *rand.Rand, dt dtype.DType, ws, rows, hidden int) *fusedCase {
-	fc := &fusedCase{dt: dt, rows: rows, hidden: hidden}
-	for range ws {
-		fc.inputs = append(fc.inputs, ref.Activations(rng, dt, rows*hidden, 1))
+	fc := &fusedCase{dt: dt, rows: rows, hidden: hidden, inputs: make([][]byte, ws)}
+	// One generator per rank, seeded from rng, so that the ranks' inputs (up to 513 rows of
+	// 16384 elements each) are drawn in parallel and still depend only on rng.
+	var wg sync.WaitGroup
+	for r := range fc.inputs {
+		src := rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64()))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fc.inputs[r] = ref.Activations(src, dt, rows*hidden, 1)
+		}()
 	}
 	fc.residual = ref.Activations(rng, dt, rows*hidden, 4)
 	fc.gamma = ref.Activations(rng, dt, hidden, 1.5)
+	wg.Wait()
 	return fc
 }
 
