@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,6 +74,9 @@ type Comm struct {
 	ncclWhy     string // why there is no NCCL communicator
 
 	drainOverride time.Duration // tests: replaces drainLimit
+
+	startupAt time.Time      // when New (NewGroup) began
+	startup   StartupProfile // where New spent its time (Startup)
 }
 
 type ipcKey struct {
@@ -92,11 +96,12 @@ type ipcKey struct {
 // every call they cannot: past MaxBytes, GPUs that are not eligible, several hosts, one rank
 // or more than 16.
 func New(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Options) (*Comm, error) {
-	return newComm(ctx, device, boot, opts, false)
+	return newComm(ctx, device, boot, opts, false, startupStart{at: time.Now()})
 }
 
-// newComm is New; noCustom says that the GPUs are not eligible for the custom kernels.
-func newComm(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Options, noCustom bool) (c *Comm, err error) {
+// newComm is New; noCustom says that the GPUs are not eligible for the custom kernels, start
+// when New began (and what NewGroup did before).
+func newComm(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Options, noCustom bool, start startupStart) (c *Comm, err error) {
 	if boot == nil {
 		return nil, invalid("nil bootstrap")
 	}
@@ -108,6 +113,7 @@ func newComm(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Opt
 	if size < 1 {
 		return nil, invalid("world size %d", size)
 	}
+	t := time.Now()
 	if err := driver.Init(); err != nil {
 		return nil, fmt.Errorf("collective: %w", err)
 	}
@@ -117,7 +123,9 @@ func newComm(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Opt
 	}
 	c = &Comm{rank: boot.Rank(), size: size, dev: dev, boot: boot, opts: opts,
 		registered: map[driver.DevicePtr]*Registration{}, graphs: map[*Graph]struct{}{},
-		opened: map[ipcKey]*openedBuffer{}, noCustom: noCustom}
+		opened: map[ipcKey]*openedBuffer{}, noCustom: noCustom,
+		startupAt: start.at, startup: StartupProfile{Steps: slices.Clone(start.steps), JITWorkers: cap(modules.slots)}}
+	t = c.step(StartupDriver, t)
 	defer func() {
 		if err != nil {
 			c.release()
@@ -127,10 +135,12 @@ func newComm(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Opt
 	if c.ctx, err = driver.PrimaryContext(dev); err != nil {
 		return c, fmt.Errorf("collective: rank %d: context of device %d: %w", c.rank, device, err)
 	}
+	c.step(StartupContext, t)
 	c.work = workTracker{ctx: c.ctx, events: map[uintptr]*driver.Event{}}
 	if err := c.init(ctx, device); err != nil {
 		return c, fmt.Errorf("collective: rank %d: %w", c.rank, err)
 	}
+	c.startup.Total = time.Since(c.startupAt)
 	return c, nil
 }
 
@@ -151,6 +161,7 @@ func newComm(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Opt
 // (Options.NCCL); without NCCL, NewGroup fails with an error that names the pair and wraps
 // ErrNotEligible.
 func NewGroup(ctx context.Context, devices []int, opts Options) ([]*Comm, error) {
+	start := startupStart{at: time.Now()}
 	noCustom := false
 	if err := checkTopology(ctx, devices, opts); err != nil {
 		if !errors.Is(err, ErrNotEligible) || opts.NCCL == NCCLOff {
@@ -163,6 +174,7 @@ func NewGroup(ctx context.Context, devices []int, opts Options) ([]*Comm, error)
 	if err != nil {
 		return nil, fmt.Errorf("collective: %w", err)
 	}
+	start.steps = []StartupStep{{Phase: StartupGroupCheck, Duration: time.Since(start.at)}}
 	comms := make([]*Comm, len(devices))
 	errs := make([]error, len(devices))
 	var wg sync.WaitGroup
@@ -170,7 +182,7 @@ func NewGroup(ctx context.Context, devices []int, opts Options) ([]*Comm, error)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			comms[r], errs[r] = newComm(ctx, dev, boots[r], opts, noCustom)
+			comms[r], errs[r] = newComm(ctx, dev, boots[r], opts, noCustom, start)
 			if errs[r] != nil {
 				// Unblock the ranks still waiting for this one.
 				boots[r].Close()
@@ -193,6 +205,7 @@ func NewGroup(ctx context.Context, devices []int, opts Options) ([]*Comm, error)
 // the custom kernels (every rank on one host, 2 to ptx.MaxRanks ranks, an eligible topology)
 // and NCCL (Options.NCCL).
 func (c *Comm) init(ctx context.Context, ordinal int) error {
+	t := time.Now()
 	major, minor, err := c.dev.ComputeCapability()
 	if err != nil {
 		return err
@@ -214,6 +227,7 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	if c.size >= 2 && c.size <= ptx.MaxRanks && !c.noCustom {
 		mine.Custom = 1 // this rank could run the custom kernels
 	}
+	t = c.step(StartupDevice, t)
 	// Two rounds: the facts first, which tell whether the custom kernels can serve the
 	// communicator; only then what they need (kernels, arena), so that a communicator that
 	// NCCL alone serves compiles and allocates nothing for them.
@@ -221,6 +235,7 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	if err != nil {
 		return fmt.Errorf("exchange rank info: %w", err)
 	}
+	t = c.step(StartupExchangeFacts, t)
 	if err := agree(infos, c.rank); err != nil {
 		return err
 	}
@@ -233,13 +248,23 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 		case err != nil:
 			return err
 		}
+		t = c.step(StartupTopology, t)
 	}
 	fd := -1
 	if c.custom {
+		if ranksPerGPU(infos) == c.size && !c.opts.SystemScope {
+			// Every rank runs on this GPU (virtual ranks, or processes sharing it): the
+			// GPU-scope kernels (counted arrivals, GPU-scope release/acquire) are enough, and
+			// cheaper (ptx.ScopeGPU). Every rank decides alike, from the same facts and
+			// options (agree), before it loads the kernels: only those of this scope are
+			// compiled, and their occupancy is what the ranks exchange below.
+			c.scope = ptx.ScopeGPU
+		}
 		var part rankInfo
 		if part.Arena, fd, err = c.prepareCustom(major, minor); err != nil {
 			return err
 		}
+		t = time.Now()
 		if fd >= 0 {
 			// The exported VMM fd only travels to the peers; it is ours to close however init ends.
 			defer unix.Close(fd)
@@ -252,21 +277,25 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 		for r := range infos {
 			infos[r].BlocksPerSM, infos[r].Arena = parts[r].BlocksPerSM, parts[r].Arena
 		}
+		c.step(StartupExchangeArenas, t)
 	}
 	if c.custom {
 		if err := c.initCustom(ctx, infos, fd); err != nil {
 			return err
 		}
 	}
+	t = time.Now()
 	if err := c.initNCCL(ctx, infos); err != nil {
 		return err
 	}
+	t = c.step(StartupNCCL, t)
 	if !c.custom && c.nccl == nil {
 		return fmt.Errorf("%w: goccl's kernels cannot serve this communicator (%s) and NCCL is not available (%s)", ErrNotEligible, c.noCustomWhy, c.ncclWhy)
 	}
 	if err := c.boot.Barrier(ctx); err != nil {
 		return fmt.Errorf("final barrier: %w", err)
 	}
+	c.step(StartupBarrier, t)
 	return nil
 }
 
@@ -317,18 +346,33 @@ func (c *Comm) prepareCustom(major, minor int) (desc memory.Descriptor, fd int, 
 	if err := checkParams(c.size); err != nil {
 		return desc, fd, err
 	}
-	if c.kernels, err = acquireKernels(kernelKey{dev: c.dev, worldSize: c.size, target: target}); err != nil {
-		return desc, fd, err
-	}
 	// Once per process: where the driver takes a launch's context from its stream, every
 	// AllReduce then costs one driver call instead of two. A driver that does not is no
-	// error: launches keep binding the context.
-	_ = driver.ProbeStreamLaunch(c.ctx)
+	// error: launches keep binding the context. It runs beside the kernels' JIT, which
+	// keeps other cores busy.
+	probeStart := time.Now()
+	probed := make(chan time.Time, 1)
+	go func() {
+		_ = driver.ProbeStreamLaunch(c.ctx)
+		probed <- time.Now()
+	}()
+	t := time.Now()
+	var loads []KernelLoad
+	c.kernels, loads, err = acquireKernels(kernelKey{dev: c.dev, worldSize: c.size, target: target, scope: c.scope})
+	c.startup.Kernels = loads
+	c.step(StartupKernels, t)
+	probeEnd := <-probed
+	c.startup.Steps = append(c.startup.Steps, StartupStep{Phase: StartupProbe, Start: probeStart.Sub(c.startupAt), Duration: probeEnd.Sub(probeStart)})
+	if err != nil {
+		return desc, fd, err
+	}
 
+	t = time.Now()
 	c.layout = newArenaLayout(c.opts, c.size)
 	if c.arena, err = memory.Alloc(c.ctx, c.layout.total, c.opts.IPC); err != nil {
 		return desc, fd, err
 	}
+	t = c.step(StartupArena, t)
 	if c.errRec, err = c.ctx.AllocHost(ptx.ErrRecordBytes); err != nil {
 		return desc, fd, fmt.Errorf("error record: %w", err)
 	}
@@ -336,7 +380,10 @@ func (c *Comm) prepareCustom(major, minor int) (desc memory.Descriptor, fd int, 
 	if c.table, err = newSlotTable(c.ctx, c.opts.MaxSlots, c.size); err != nil {
 		return desc, fd, err
 	}
-	return c.arena.Describe()
+	t = c.step(StartupTables, t)
+	desc, fd, err = c.arena.Describe()
+	c.step(StartupExport, t)
+	return desc, fd, err
 }
 
 // initCustom maps the peers' arenas and sets the kernels' launch shape.
@@ -344,9 +391,11 @@ func (c *Comm) initCustom(ctx context.Context, infos []rankInfo, fd int) error {
 	var err error
 	fds := make([][]int, c.size)
 	if c.opts.IPC == memory.VMM {
+		t := time.Now()
 		if fds, err = c.boot.AllGatherFDs(ctx, []int{fd}); err != nil {
 			return fmt.Errorf("exchange VMM file descriptors: %w", err)
 		}
+		c.step(StartupExchangeArenas, t)
 	}
 
 	// Every block of every rank that shares a GPU must be resident at once; the tightest GPU
@@ -361,19 +410,6 @@ func (c *Comm) initCustom(ctx context.Context, infos []rankInfo, fd int) error {
 	}
 	maxOnGPU := ranksPerGPU(infos)
 	c.sharedGPU = c.allLocal && maxOnGPU > 1
-	if maxOnGPU == c.size && !c.opts.SystemScope {
-		// Every rank runs on this GPU (virtual ranks, or processes sharing it): the GPU-scope
-		// kernels (counted arrivals, GPU-scope release/acquire) are enough, and cheaper
-		// (ptx.ScopeGPU). Every rank decides alike: the same facts, options (agree) and
-		// device, whose kernels' occupancy useGPUScope checks.
-		ok, err := c.kernels.useGPUScope()
-		if err != nil {
-			return err
-		}
-		if ok {
-			c.scope = ptx.ScopeGPU
-		}
-	}
 	c.blocks = blockCap(c.opts.Blocks, smsOnGPU, blocksPerSM, maxOnGPU)
 	c.pushBlocks = blockCap(c.opts.PushBlocks, smsOnGPU, blocksPerSM, maxOnGPU)
 	// PDL lets the next kernel launch before this one has finished: by default once this one
@@ -383,9 +419,11 @@ func (c *Comm) initCustom(ctx context.Context, infos []rankInfo, fd int) error {
 	c.earlyRoom = ptx.EarlyTriggerRoom(max(c.blocks, c.pushBlocks), smsOnGPU*blocksPerSM, maxOnGPU)
 	c.timeout = c.opts.timeoutNanos()
 
+	t := time.Now()
 	if err := c.mapPeers(infos, fds); err != nil {
 		return err
 	}
+	c.step(StartupMapPeers, t)
 	// Slot 0: every rank's staging buffer, the input of eager pull all-reduces.
 	staging := make([]driver.DevicePtr, c.size)
 	for r, m := range c.peers {

@@ -71,6 +71,15 @@
 // with it (errors.Is ErrUnusable), and the communicator should be closed. docs/guarantees.md
 // lists what goccl guarantees under bad input and faults, with the test behind each line.
 //
+// # Start-up
+//
+// New JIT-compiles the kernels the communicator launches (nine modules: three algorithms,
+// three element types, of the barrier scope it uses), side by side on the process's cores,
+// and keeps them loaded for the rest of the process: a later New of the same world size finds
+// them ready. UnloadKernels frees the ones no open communicator uses. Comm.Startup returns
+// where New spent its time (driver, context, kernels, memory, exchanges), step by step, and
+// which kernels it compiled or found loaded; docs/benchmarks.md ("Start-up") has the figures.
+//
 // # Concurrency and lifetime
 //
 // A Comm's methods may be called from any goroutine; calls are serialised. The all-reduces of
