@@ -82,7 +82,7 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 		buf = &c.tmp
 	}
 
-	blocks, threads := launchShape(algo, nvec, c.size, c.blocks, c.pushBlocks, c.opts.ThreadsPerBlock)
+	blocks, threads := c.shape(algo, nvec, nbytes, direct)
 	kernel, _ := algo.kernel()
 	ws8 := 8 * c.size
 	a := &c.args
@@ -144,21 +144,19 @@ func (c *Comm) noteWork(stream *driver.Stream) error {
 // MaxBytes, or a communicator they cannot serve) and NCCL is available, or the selection
 // table's kernel. sharedOutput says whether the call's dst is visible to the peers
 // (registered with Register, or the call is captured by Capture): TwoShot then writes
-// straight into it, which moves its crossover with OneShot.
+// straight into it, which moves its crossover with OneShot. The selection table is the
+// tuning table's section where the communicator uses one (TuneFile), else the built-in one;
+// a tuning table may choose differently for captured calls, which SelectedCaptured answers
+// (Selected answers for eager calls, or for captured ones while Capture records).
 func (c *Comm) Selected(nbytes int64, sharedOutput bool) Algorithm {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.selected(nbytes, sharedOutput)
 }
 
+// selected is Selected for a call made now: captured (inside Capture) or eager.
 func (c *Comm) selected(nbytes int64, sharedOutput bool) Algorithm {
-	if c.opts.Algorithm != Auto {
-		return c.opts.Algorithm
-	}
-	if c.nccl != nil && (!c.custom || nbytes > c.opts.MaxBytes) {
-		return NCCL
-	}
-	return Algorithm(selectAlgorithm(c.major, c.size, nbytes, c.opts.PushMaxBytes, sharedOutput, c.scope == ptx.ScopeGPU))
+	return c.selectedIn(c.capture != nil, nbytes, sharedOutput)
 }
 
 // Engines says what serves this communicator: goccl's kernels, NCCL, or both.

@@ -65,6 +65,8 @@ type Comm struct {
 	closed     bool                               // Close was called: no new work
 	released   bool                               // Close freed everything
 	failed     error                              // sticky asynchronous error
+	notes      []string                           // what New met without failing (Notes)
+	tuning     tuneState                          // the tuning table loaded, and its section in use
 
 	// The engines: custom kernels (custom), and NCCL where nccl is not nil.
 	custom      bool
@@ -270,12 +272,14 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 			defer unix.Close(fd)
 		}
 		part.BlocksPerSM = int64(c.kernels.maxBlocksPerSM)
+		part.Tune = c.loadTuning(ctx, infos)
 		parts, err := c.allGatherInfos(ctx, part)
 		if err != nil {
 			return fmt.Errorf("exchange the arenas: %w", err)
 		}
 		for r := range infos {
 			infos[r].BlocksPerSM, infos[r].Arena = parts[r].BlocksPerSM, parts[r].Arena
+			infos[r].Tune = parts[r].Tune
 		}
 		c.step(StartupExchangeArenas, t)
 	}
@@ -412,11 +416,12 @@ func (c *Comm) initCustom(ctx context.Context, infos []rankInfo, fd int) error {
 	c.sharedGPU = c.allLocal && maxOnGPU > 1
 	c.blocks = blockCap(c.opts.Blocks, smsOnGPU, blocksPerSM, maxOnGPU)
 	c.pushBlocks = blockCap(c.opts.PushBlocks, smsOnGPU, blocksPerSM, maxOnGPU)
+	c.adoptTuning(infos, smsOnGPU, blocksPerSM, maxOnGPU)
 	// PDL lets the next kernel launch before this one has finished: by default once this one
 	// is past its last wait on a peer, which is safe however the ranks share GPUs; earlier
 	// for the grids that earlyRoom allows (ptx.FlagEarlyTrigger).
 	c.pdl = c.major >= 9 && !c.opts.DisablePDL && driver.Has(driver.FeatureLaunchEx)
-	c.earlyRoom = ptx.EarlyTriggerRoom(max(c.blocks, c.pushBlocks), smsOnGPU*blocksPerSM, maxOnGPU)
+	c.earlyRoom = ptx.EarlyTriggerRoom(max(c.blocks, c.pushBlocks, c.tuning.table.largestGrid()), smsOnGPU*blocksPerSM, maxOnGPU)
 	c.timeout = c.opts.timeoutNanos()
 
 	t := time.Now()

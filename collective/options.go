@@ -150,6 +150,25 @@ type Options struct {
 	AllowNonNVLink bool
 	// NCCL says whether the communicator also drives NCCL (default NCCLAuto).
 	NCCL NCCLMode
+	// TuneFile is the tuning table that replaces the built-in selection and grids where it
+	// has a section for this communicator (docs/tuning.md; arsmoke --tune measures one).
+	// The default ("") is the file named by GOCCL_TUNE_FILE, else DefaultTunePath's, used
+	// when it exists. GOCCL_TUNE=off turns tables off whatever this says. Algorithm, Blocks,
+	// PushBlocks and ThreadsPerBlock, where set, win over the table. Every rank must end up
+	// with the same section: if one does not, every rank uses the built-in selection (Notes
+	// says so).
+	TuneFile string
+	// NoTune makes the communicator use the built-in selection and grids, whatever tuning
+	// table exists (as GOCCL_TUNE=off does).
+	NoTune bool
+	// Logf receives each note of New (a tuning table that was ignored, and why; see
+	// Comm.Notes), prefixed with "goccl: rank N: ". nil writes each note once per process
+	// with the standard logger (package log).
+	Logf func(format string, args ...any)
+
+	// defaultBlocks and defaultPushBlocks record that withDefaults filled Blocks and
+	// PushBlocks: a tuning table may set those grids, never ones the caller chose.
+	defaultBlocks, defaultPushBlocks bool
 }
 
 // withDefaults fills zero fields and validates the rest.
@@ -161,10 +180,10 @@ func (o Options) withDefaults() (Options, error) {
 		o.PushMaxBytes = min(DefaultPushMaxBytes, o.MaxBytes)
 	}
 	if o.Blocks == 0 {
-		o.Blocks = DefaultBlocks
+		o.Blocks, o.defaultBlocks = DefaultBlocks, true
 	}
 	if o.PushBlocks == 0 {
-		o.PushBlocks = DefaultPushBlocks
+		o.PushBlocks, o.defaultPushBlocks = DefaultPushBlocks, true
 	}
 	if o.Timeout == 0 {
 		o.Timeout = DefaultTimeout

@@ -1,6 +1,11 @@
 package collective
 
-import "github.com/goccl/goccl/ptx"
+import (
+	"fmt"
+	"math"
+
+	"github.com/goccl/goccl/ptx"
+)
 
 // selectAlgorithm is the selection table: which algorithm is fastest for a message of bytes
 // among worldSize ranks on GPUs of compute capability major. Thresholds come from
@@ -125,4 +130,122 @@ func blockCap(want, smCount, blocksPerSM, ranksOnGPU int) int {
 		return want
 	}
 	return max(1, min(want, smCount*blocksPerSM/ranksOnGPU))
+}
+
+// tuning is a tuning table section compiled for the hot path: per (graph, direct), the bands
+// by increasing size. AllReduce consults it without allocating or locking anything more.
+type tuning struct {
+	bands      [2][2][]tunedBand // [graph][direct]
+	pushBlocks int               // every Push launch's grid; 0: the communicator's
+	largest    int               // the largest grid any band launches
+}
+
+// tunedBand is one band: calls of at most upTo bytes use algo, and, when that is the algorithm
+// that runs, the grid limit blocks (0: the communicator's) of threads (0: automatic).
+type tunedBand struct {
+	upTo            int64
+	algo            Algorithm
+	blocks, threads int
+}
+
+// compileTuning turns a validated section into a tuning for a communicator with options o
+// (with defaults) whose ranks can keep grids of maxBlocks resident. Grid fields the caller set
+// in o win over the section's; a grid past maxBlocks is an error, since the blocks of ranks
+// sharing a GPU that cannot all be resident deadlock their barriers.
+func compileTuning(s TuneSection, o Options, maxBlocks int) (*tuning, error) {
+	t := &tuning{}
+	if o.defaultPushBlocks && s.PushBlocks > 0 {
+		if s.PushBlocks > maxBlocks {
+			return nil, fmt.Errorf("push_blocks %d is more than the %d blocks every rank can keep resident here", s.PushBlocks, maxBlocks)
+		}
+		t.pushBlocks = s.PushBlocks
+		t.largest = s.PushBlocks
+	}
+	for _, e := range s.Entries {
+		bands := make([]tunedBand, len(e.Bands))
+		for i, b := range e.Bands {
+			algo, err := ParseAlgorithm(b.Algorithm)
+			if err != nil {
+				return nil, err
+			}
+			tb := tunedBand{upTo: b.UpTo, algo: algo, blocks: b.Blocks, threads: b.Threads}
+			if tb.upTo == 0 {
+				tb.upTo = math.MaxInt64
+			}
+			if algo == Push || !o.defaultBlocks {
+				tb.blocks = 0 // push: the section's grid; else the caller's Options.Blocks
+			}
+			if o.ThreadsPerBlock != 0 {
+				tb.threads = 0 // the caller's, for every launch
+			}
+			if tb.blocks > maxBlocks {
+				return nil, fmt.Errorf("%s %v band up to %d bytes: %d blocks is more than the %d every rank can keep resident here",
+					e.Mode, algo, b.UpTo, tb.blocks, maxBlocks)
+			}
+			t.largest = max(t.largest, tb.blocks)
+			bands[i] = tb
+		}
+		t.bands[b01(e.Mode == TuneModeGraph)][b01(e.Direct)] = bands
+	}
+	return t, nil
+}
+
+// band returns the band of a call of nbytes, nil when the table has none (or t is nil).
+func (t *tuning) band(graph, direct bool, nbytes int64) *tunedBand {
+	if t == nil {
+		return nil
+	}
+	bands := t.bands[b01(graph)][b01(direct)]
+	for i := range bands {
+		if nbytes <= bands[i].upTo {
+			return &bands[i]
+		}
+	}
+	return nil
+}
+
+// largestGrid is the largest grid t launches; 0 for nil.
+func (t *tuning) largestGrid() int {
+	if t == nil {
+		return 0
+	}
+	return t.largest
+}
+
+func b01(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// selectedIn is the algorithm of a call of nbytes, captured (graph) or not, whose output the
+// peers see or not: the forced one, NCCL where only it can serve the call, the tuning table's
+// band (a Push band past PushMaxBytes excepted), or the built-in selection.
+func (c *Comm) selectedIn(graph bool, nbytes int64, sharedOutput bool) Algorithm {
+	if c.opts.Algorithm != Auto {
+		return c.opts.Algorithm
+	}
+	if c.nccl != nil && (!c.custom || nbytes > c.opts.MaxBytes) {
+		return NCCL
+	}
+	if b := c.tuning.table.band(graph, sharedOutput, nbytes); b != nil && (b.algo != Push || nbytes <= c.opts.PushMaxBytes) {
+		return b.algo
+	}
+	return selectAlgorithm(c.major, c.size, nbytes, c.opts.PushMaxBytes, sharedOutput, c.scope == ptx.ScopeGPU)
+}
+
+// shape is the grid of one all-reduce of algo over nvec vectors (nbytes): the tuning table's
+// band for the call where it names this algorithm, else the communicator's grid (launchShape).
+func (c *Comm) shape(algo Algorithm, nvec int, nbytes int64, direct bool) (blocks, threads int) {
+	limit, fixed := c.blocks, c.opts.ThreadsPerBlock
+	if b := c.tuning.table.band(c.capture != nil, direct, nbytes); b != nil && b.algo == algo {
+		if b.blocks > 0 {
+			limit = b.blocks
+		}
+		if b.threads > 0 {
+			fixed = b.threads
+		}
+	}
+	return launchShape(algo, nvec, c.size, limit, c.pushBlocks, fixed)
 }

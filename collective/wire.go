@@ -27,6 +27,9 @@ type rankFacts struct {
 	// barrier protocol, which every rank must share.
 	SystemScope int64
 	NCCL        int64 // Options.NCCL
+	// Tune is the digest of the tuning table sections the rank loaded (zero: none); ranks
+	// use a table only if every digest is the same (adoptTuning).
+	Tune [16]byte
 }
 
 // rankInfo is what every rank tells the others at init.
