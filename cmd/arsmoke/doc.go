@@ -70,6 +70,14 @@
 //	--rows list   with --fused: the row counts, comma-separated, each N or
 //	              A-B for A, A*f, ... up to B (-f, default 2); default
 //	              1,8,32,128,512. Each rank's input is rows*hidden elements.
+//	--tune        measure every algorithm and a few grids on this machine
+//	              and write the tuning table goccl loads (see Tuning).
+//	--quick       with --tune: fewer grids, 20 iterations after 5 warm-up.
+//	--worlds list with --tune: the world sizes to tune, comma-separated
+//	              (default: 2,4,8 virtual ranks on one GPU or with
+//	              --device, 2 to N over N GPUs; --ranks N or --procs N: N).
+//	-o file       with --tune: write the table there instead of the file
+//	              goccl loads by default.
 //
 // Which GPUs are visible follows CUDA_VISIBLE_DEVICES. GOCCL_LIBCUDA is the
 // path of libcuda.so.1 when the driver is not where the dynamic loader looks;
@@ -186,6 +194,35 @@
 // path, pair_path, fused_us, unfused_us, ratio, wrong, fused_wrong,
 // unfused_wrong) and first_mismatch (algo, rows, call: fused or unfused,
 // output: ResidualOut, NormOut or sum, rank, index, expected, got).
+//
+// # Tuning
+//
+// --tune measures, for each world size, every algorithm (oneshot, twoshot,
+// push) at every size of the sweep, in three kinds of call: captured in a
+// graph (Comm.Capture, one graph per rank), eager on registered buffers
+// (zero-copy input, twoshot writing straight into every rank's output), and
+// eager on plain buffers (the input staged, twoshot through its tmp buffer).
+// Each is measured with several grids: 16, 24, 32, 36, 48 and 64 blocks for
+// oneshot and twoshot, 8, 16 and 32 for push, with automatic and 256-thread
+// blocks, each capped by what the ranks can keep resident on their GPU
+// (--quick: 16, 36 and 64 blocks, push 16, automatic threads). Every call is
+// out of place, and every result is checked bitwise against the reference as
+// in a sweep: a wrong one stops the run (exit 1). From the times it derives,
+// per kind of call, the size bands of each algorithm and their grids, and
+// one push grid (every push call of a communicator must use the same), and
+// writes them as a section of the tuning table for this GPU, driver and
+// topology: -o, else the file goccl loads by default (in the user cache
+// directory; docs/tuning.md). Sections of other world sizes or topologies
+// already in that file are kept. -n and -w default to 50 and 10. -a, -g,
+// -c 0, --backend, --json, --topo and --fused are refused with --tune.
+//
+// It prints, per world size, the push grid and, per kind of call, the bands
+// and a row per size: the tuned choice (algorithm and grid, blocks x threads)
+// and its time, the built-in selection's choice and its time, and the gain;
+// then the mean gain. With --procs N it tunes N processes (rank 0 writes the
+// table). Eight virtual ranks take far fewer grids than two (a 16-block cap
+// on an H200): 2, 4 and 8 virtual ranks on one H200 take a few minutes,
+// --quick about a minute.
 //
 // # Output
 //

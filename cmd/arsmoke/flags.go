@@ -44,6 +44,7 @@ type config struct {
 	json               bool
 	topo               bool
 	fused              *fusedConfig // --fused: the sweep is over row counts of the fused call; nil otherwise
+	tune               *tuneConfig  // --tune: measure and write a tuning table; nil otherwise
 }
 
 // options holds the flags as typed: the config fields that need no
@@ -58,6 +59,7 @@ type options struct {
 	minSize    byteSize
 	maxSize    byteSize
 	fused      fusedFlags
+	tune       tuneFlags
 }
 
 func (o *options) flagSet() *flag.FlagSet {
@@ -83,6 +85,7 @@ func (o *options) flagSet() *flag.FlagSet {
 	fs.BoolVar(&o.json, "json", false, "print the results as one JSON document")
 	fs.BoolVar(&o.topo, "topo", false, "print the GPUs and their links, and exit")
 	o.fused.register(fs)
+	o.tune.register(fs)
 	return fs
 }
 
@@ -182,6 +185,9 @@ func parseArgs(args []string) (config, error) {
 		return config{}, fmt.Errorf("--topo prints text only: drop --json")
 	}
 	if err := o.fused.parse(fs, &c, o.algoName); err != nil {
+		return config{}, err
+	}
+	if err := o.tune.parse(fs, &c, o.algoName); err != nil {
 		return config{}, err
 	}
 	return c, nil

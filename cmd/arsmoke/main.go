@@ -89,6 +89,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitPass
 	case c.procs != 0 && proc == nil:
 		return runParent(ctx, c, args, stdout, stderr)
+	case c.tune != nil:
+		return runTune(ctx, c, proc, stdout, stderr)
 	}
 	return runRanks(ctx, c, proc, stdout, stderr)
 }
