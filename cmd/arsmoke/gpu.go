@@ -257,12 +257,18 @@ func (e *gpuEngine) Run(ctx context.Context, c Case) (Measurement, error) {
 	if err != nil {
 		return m, err
 	}
-	path := algo
+	// The algorithm of the eager check and, for -g, of the captured calls: a tuning table may
+	// choose differently for graphs, and each result is compared with the reference of the
+	// kernel that produced it.
+	path, graphPath := algo, algo
 	if algo == collective.Auto {
 		// both buffers are registered (and a graph shares its outputs anyway)
-		path = comm.Selected(c.Bytes, true)
+		path, graphPath = comm.Selected(c.Bytes, true), comm.SelectedCaptured(c.Bytes)
 	}
 	m.Path = path.String()
+	if c.Graph {
+		m.Path = graphPath.String()
+	}
 	count := int(c.Bytes) / c.DType.Size()
 	inputs, err := e.fill(c) // fresh data every case, also when not checking: never time zeros
 	if err != nil {
@@ -291,7 +297,7 @@ func (e *gpuEngine) Run(ctx context.Context, c Case) (Measurement, error) {
 	}
 	if c.Check && c.Graph && !c.InPlace {
 		// Out of place the inputs survive the replays: the graph's result must be the same.
-		if err := e.compare(c, path, inputs, &m); err != nil {
+		if err := e.compare(c, graphPath, inputs, &m); err != nil {
 			return m, err
 		}
 	}
