@@ -144,6 +144,16 @@ const (
 	// always). Without it a kernel triggers only after its last wait on a peer (two-shot
 	// through tmp, after the middle barrier) or when it exits.
 	FlagEarlyTrigger = 1
+	// FlagStageInput makes the one-shot kernel copy this rank's input, whose address it gets
+	// in p_outputs (which one-shot has no other use for), into the buffer that its own entry
+	// of the p_inputs table names (the host passes slot 0: the rank's staging buffer), before
+	// the entry barrier: each thread copies exactly the vectors it reduces later, and the
+	// entry barrier releases the copies to the peers (docs/kernel-abi.md, "Staging in the
+	// kernel"). The host sets it wherever the peers cannot read the input in place (an
+	// in-place call, or an eager input that is not registered) instead of enqueueing a copy
+	// of its own before the launch. Bit 2: the fused kernels use bit 1 (FlagNoNorm), so the
+	// bit can mean the same in both families.
+	FlagStageInput = 4
 )
 
 // EarlyTriggerRoom is the host's rule for FlagEarlyTrigger: the largest grid that may carry

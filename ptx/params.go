@@ -24,7 +24,7 @@ type Param struct {
 func Params(worldSize int) []Param {
 	return []Param{
 		{"p_inputs", 8, 8},  // oneshot/twoshot: table of ws input pointers; push: own input
-		{"p_outputs", 8, 8}, // twoshot: table of ws output pointers (direct), or 0
+		{"p_outputs", 8, 8}, // twoshot: table of ws output pointers (direct), or 0; oneshot: the input to stage (FlagStageInput), or 0
 		{"p_out", 8, 8},     // own output (in place: see the package doc)
 		{"p_nvec", 4, 4},    // number of 16-byte vectors
 		{"p_rank", 4, 4},    // this rank
@@ -33,7 +33,7 @@ func Params(worldSize int) []Param {
 		{"p_sig", 8 * worldSize, 8}, // every rank's signal region
 		{"p_buf", 8 * worldSize, 8}, // twoshot: tmp buffers; push: receive buffers
 		{"p_slot", 8, 8},            // push: bytes of one receive slot
-		{"p_flags", 4, 4},           // FlagEarlyTrigger
+		{"p_flags", 4, 4},           // FlagEarlyTrigger, FlagStageInput
 		{"p_tail", 4, 4},            // bytes of the last vector that are the message's, 2..16
 		{"p_call", 8, 8},            // this rank's Call.Fingerprint, checked against the peers'
 	}

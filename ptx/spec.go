@@ -150,7 +150,7 @@ type abiConsts struct {
 	PhaseNone, PhaseEntry, PhaseMiddle      int
 	PhaseExit, PhasePush                    int
 	StaleAfterNs                            int
-	FlagEarlyTrigger                        int
+	FlagEarlyTrigger, FlagStageInput        int
 	PushParts                               int
 	// PushHeader is the bytes of call headers at the start of a push receive slot,
 	// PushTag the tag of their words.
@@ -166,7 +166,7 @@ var baseABI = abiConsts{
 	CodeTimeout: int(ErrCodeTimeout), CodeUnfilled: int(ErrCodeUnfilledSlot), CodeMismatch: int(ErrCodeMismatch),
 	PhaseNone: int(PhaseNone), PhaseEntry: int(PhaseEntry), PhaseMiddle: int(PhaseMiddle),
 	PhaseExit: int(PhaseExit), PhasePush: int(PhasePush), StaleAfterNs: StaleAfterNs,
-	FlagEarlyTrigger: FlagEarlyTrigger, Lanes: MaxRanks, PhaseSlots: MaxBlocks * MaxRanks,
+	FlagEarlyTrigger: FlagEarlyTrigger, FlagStageInput: FlagStageInput, Lanes: MaxRanks, PhaseSlots: MaxBlocks * MaxRanks,
 	PushHeader: PushHeaderBytes, PushTag: PushHeaderTag, Done: 4 * ErrWordDone, Claim: 4 * ErrWordClaim,
 }
 
@@ -221,6 +221,12 @@ func (k *kernel) VecWords(r int) []string {
 	return []string{fmt.Sprintf("%%v%d", 4*r), fmt.Sprintf("%%v%d", 4*r+1), fmt.Sprintf("%%v%d", 4*r+2), fmt.Sprintf("%%v%d", 4*r+3)}
 }
 
+// StageVec names the four registers of the u-th vector of a pass of the one-shot "stage"
+// copy (%c<4u> .. %c<4u+3>).
+func (k *kernel) StageVec(u int) []string {
+	return []string{fmt.Sprintf("%%c%d", 4*u), fmt.Sprintf("%%c%d", 4*u+1), fmt.Sprintf("%%c%d", 4*u+2), fmt.Sprintf("%%c%d", 4*u+3)}
+}
+
 // HalfWords reports whether an element is 16 bits, so that a message may end in the
 // middle of a 32-bit word.
 func (k *kernel) HalfWords() bool { return k.Elems == 8 }
@@ -259,13 +265,21 @@ type barrier struct {
 	// Publish: thread 0 writes this rank's call, tagged with the round, into its call[b]
 	// for the peers' call check (the entry barrier).
 	Publish bool
+	// Staged: the one-shot entry barrier, before which the kernel may have copied its input
+	// into its own input slot (FlagStageInput, register %stage, whose copy ends with a
+	// bar.sync). With %stage, lanes fence (acq_rel, the kernel's scope) before telling a peer,
+	// so that the flag releases the block's copies, and their polls acquire the peers'.
+	Staged bool
 }
 
-// Barrier returns the entry, middle, exit or delivered barrier.
+// Barrier returns the entry, staged entry (one-shot's), middle, exit or delivered barrier.
 func (k *kernel) Barrier(name string) (barrier, error) {
 	switch name {
 	case "entry":
 		return barrier{kernel: k, Name: name, Phase: int(PhaseEntry), Post: true, Publish: true}, nil
+	case "staged entry":
+		// the one-shot entry barrier: it also publishes the input that the kernel staged
+		return barrier{kernel: k, Name: "entry", Phase: int(PhaseEntry), Post: true, Publish: true, Staged: true}, nil
 	case "middle":
 		return barrier{kernel: k, Name: name, Phase: int(PhaseMiddle), Pre: true, Post: true, Acquire: true, Chained: true}, nil
 	case "exit":

@@ -104,6 +104,13 @@ func (m *barrier) wait(rank, b int, j *jitter) (uint32, bool) {
 // waitPublishing is wait for an entry barrier whose lane 0 publishes the rank's call with its
 // round (pub; nil for none), as the kernels' thread 0 does after (2).
 func (m *barrier) waitPublishing(rank, b int, j *jitter, pub *publisher) (uint32, bool) {
+	return m.waitReleasing(rank, b, j, pub, nil)
+}
+
+// waitReleasing is waitPublishing whose lanes call release(t) right before they tell rank t
+// of their arrival (3): the one-shot entry barrier's fence, which releases the block's staged
+// copies (nil for none).
+func (m *barrier) waitReleasing(rank, b int, j *jitter, pub *publisher, release func(lane int)) (uint32, bool) {
 	ws := len(m.sig)
 	own := m.sig[rank]
 	lanes := make([]lane, ws)
@@ -132,6 +139,9 @@ func (m *barrier) waitPublishing(rank, b int, j *jitter, pub *publisher) (uint32
 			if m.counting() {
 				// (3) first: one more arrival of this rank's block b at rank t,
 				// before the lane knows its round.
+				if release != nil {
+					release(t)
+				}
 				m.sig[t][peerCounterWord(0, b, rank)].Add(1)
 				j.pause()
 			}
@@ -143,6 +153,9 @@ func (m *barrier) waitPublishing(rank, b int, j *jitter, pub *publisher) (uint32
 			}
 			if !m.counting() {
 				// (3) Tell rank t that this rank reached round val.
+				if release != nil {
+					release(t)
+				}
 				m.sig[t][peerCounterWord(m.phase(l.val), b, rank)].Store(l.val)
 			}
 			l.stored = true

@@ -75,10 +75,23 @@
 // must be exactly the differing pairs (ErrFalseMismatch, ErrMissedMismatch);
 // the broken HeadersNotRearmed must be caught by a false mismatch.
 //
-// One-shot exit barrier (OneShot). Between calls a rank's input buffer is
-// overwritten by the next call's copy, which only waits for the rank's own
-// previous kernel. With the exit barrier no block ever reads another call's
-// data; without it a stale read must be caught.
+// One-shot exit barrier and staging (OneShot). Between calls the buffer a rank's
+// peers read is overwritten by the next call's staging, which only waits for the
+// rank's own previous kernel: a copy before the kernel (HostCopy), or the kernel's
+// own (KernelStaged, ptx.FlagStageInput). With the exit barrier no block ever
+// reads another call's data; without it a stale read must be caught. The kernel's
+// staging is modelled as weak stores: each thread of block b queues stores of the
+// elements it reduces later, which stay pending and land one by one at random
+// later steps of the block, so they may reach memory after the block's arrival;
+// the block reads its own pending stores (program order). The copy's bar.sync and
+// each lane's fence before (3) land all of the block's pending stores (release);
+// the block's reads come after its barrier (the lanes' acquiring polls and
+// bar.red). Stats.Released counts the stores still pending at a fence. Broken
+// variants, each of which must be caught reading another call's data:
+// StagedNoRelease (no fence), StagedNoBarSync (lane t's fence lands only thread
+// t's stores), StagedNoAcquire (about half of the reads of peers performed before
+// the barrier), StagedAfterBarrier (the copy after the entry barrier) and
+// StagedOtherBlock (block b copies block b+1's elements).
 //
 // Residency (Residency). The runs above assume every block runs; with ranks
 // sharing a GPU that needs every block they wait for to be resident, and PDL
@@ -100,14 +113,18 @@
 // # What is not modelled
 //
 // Go's atomics are sequentially consistent; the GPU's memory model is not.
-// The model says nothing about the ordering the PTX must establish on top of
+// Apart from the one-shot staging's weak stores and early reads above, the model
+// says nothing about the ordering the PTX must establish on top of
 // the protocol: that data written before the kernel is visible to peers
 // (volatile flags suffice because a kernel boundary orders it), that data
 // written by the same kernel reaches a peer before the flag (st.release.sys /
 // ld.acquire.sys, system scope across GPUs), that bar.sync carries those
 // orders to the whole block, and that 16-byte vector stores may land in parts
 // (the push model polls per element, which covers the protocol but not the
-// hardware). Also outside the model: the watchdog timeout path and error
+// hardware). Nor that a one-shot block's reads of its peers' inputs are complete
+// before its exit barrier tells them it is done (the model's loads are atomic;
+// the kernel's loaded values feed the stores that its exit barrier's bar.sync
+// waits for). Also outside the model: the watchdog timeout path and error
 // record, the two-shot middle barrier and tmp-buffer reuse, a block count
 // that changes between push calls, push calls whose counts differ between
 // ranks (a receiver then waits for data that never comes, and its lanes watch

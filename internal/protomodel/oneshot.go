@@ -3,12 +3,67 @@ package protomodel
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// OneShotConfig is one run of the one-shot exit-barrier model.
+// StageVariant says how a one-shot call's input reaches the buffer the peers read.
+type StageVariant int
+
+const (
+	// HostCopy is a copy enqueued before the kernel (the eager path of the kernels that
+	// do not stage their input themselves): it waits only for the rank's own previous
+	// kernel and lands element by element, in any order.
+	HostCopy StageVariant = iota
+	// KernelStaged is the one-shot kernel with ptx.FlagStageInput: at its start each thread
+	// copies the elements it reduces into the rank's buffer, as weak stores that stay
+	// pending until something orders them; the copy ends with a bar.sync, and every lane of
+	// the entry barrier fences right before it tells its peer (3), which lands all of the
+	// block's pending copies; after the barrier the block reads (its lanes' acquiring polls
+	// and bar.red keep every read after the barrier).
+	KernelStaged
+	// StagedNoRelease is deliberately broken: no fence before the flags, so the copies
+	// land whenever they do, possibly after a peer has passed the barrier and read.
+	StagedNoRelease
+	// StagedNoBarSync is deliberately broken: the fences but no bar.sync after the copy, so
+	// lane t's fence releases only its own thread's copies, not the block's.
+	StagedNoBarSync
+	// StagedNoAcquire is deliberately broken: the polls do not acquire, so the block's reads
+	// of its peers' inputs may be performed before its barrier has seen them arrive (the
+	// model performs about half of them early, before the barrier).
+	StagedNoAcquire
+	// StagedAfterBarrier is deliberately broken: the copy after the entry barrier, so the
+	// barrier orders nothing.
+	StagedAfterBarrier
+	// StagedOtherBlock is deliberately broken: block b copies the elements of block b+1,
+	// whose readers the per-block barrier of block b does not wait for.
+	StagedOtherBlock
+)
+
+// String names the variant.
+func (v StageVariant) String() string {
+	switch v {
+	case HostCopy:
+		return "host-copy"
+	case KernelStaged:
+		return "kernel-staged"
+	case StagedNoRelease:
+		return "staged-no-release"
+	case StagedNoBarSync:
+		return "staged-no-bar-sync"
+	case StagedNoAcquire:
+		return "staged-no-acquire"
+	case StagedAfterBarrier:
+		return "staged-after-barrier"
+	case StagedOtherBlock:
+		return "staged-other-block"
+	}
+	return fmt.Sprintf("StageVariant(%d)", int(v))
+}
+
+// OneShotConfig is one run of the one-shot model.
 type OneShotConfig struct {
 	// Ranks (1..MaxRanks), Blocks (1..MaxBlocks) per rank, Threads per block,
 	// Elems input elements per rank and Rounds calls.
@@ -16,6 +71,10 @@ type OneShotConfig struct {
 	// ExitBarrier keeps the kernel's exit barrier; without it the model must
 	// catch a stale read.
 	ExitBarrier bool
+	// Stage is how each call's input reaches the buffer the peers read.
+	Stage StageVariant
+	// Barrier is the barrier protocol: TwoPhase (the zero value) or Counting.
+	Barrier BarrierVariant
 	// Seed drives each block's random delays and read order.
 	Seed uint64
 	// Stall is the progress watchdog's limit; 0 means DefaultStall.
@@ -27,19 +86,18 @@ type oneShotModel struct {
 	cfg  OneShotConfig
 	run  *run
 	bar  *barrier
-	in   [][]atomic.Uint32 // in[r]: rank r's input buffer; call k writes k+1
+	in   [][]atomic.Uint32 // in[r]: the buffer the peers read of rank r; call k writes k+1
 	read [][]atomic.Int64  // read[r][b]: calls whose reads block b of rank r finished
 }
 
-// OneShot runs the one-shot exit-barrier model. Every rank runs Rounds calls
-// in stream order: a copy that writes the call's data into the rank's input
-// buffer (the eager path's copy into the registered staging buffer, which no
-// barrier guards), then a kernel of Blocks goroutines: entry barrier, a
-// grid-stride loop reading every rank's input, and the exit barrier when
-// ExitBarrier is set. Input elements of call k hold k+1, so every read checks
-// that it saw this call's data. It returns ErrStaleRead, a *DeadlockError, or
-// the context's error, with what the run exercised; Stats.Ahead counts copies
-// that began while a peer block was still reading the previous call.
+// OneShot runs the one-shot model. Every rank runs Rounds calls in stream order, each
+// writing the call's data into the buffer its peers read (Stage: a copy before the kernel,
+// or the kernel's own staging), then a kernel of Blocks goroutines: entry barrier, a
+// grid-stride loop reading every rank's buffer, and the exit barrier when ExitBarrier is set.
+// Input elements of call k hold k+1, so every read checks that it saw this call's data. It
+// returns ErrStaleRead, a *DeadlockError, or the context's error, with what the run
+// exercised; Stats.Ahead counts calls whose staging began while a peer block was still
+// reading the previous call.
 func OneShot(ctx context.Context, cfg OneShotConfig) (Stats, error) {
 	if err := checkShape(cfg.Ranks, cfg.Blocks, cfg.Rounds); err != nil {
 		return Stats{}, err
@@ -47,8 +105,14 @@ func OneShot(ctx context.Context, cfg OneShotConfig) (Stats, error) {
 	if cfg.Threads < 1 || cfg.Elems < 0 {
 		return Stats{}, fmt.Errorf("protomodel: %d threads, %d elements: want at least 1 thread and no negative count", cfg.Threads, cfg.Elems)
 	}
+	if cfg.Stage < HostCopy || cfg.Stage > StagedOtherBlock {
+		return Stats{}, fmt.Errorf("protomodel: unknown stage variant %d", int(cfg.Stage))
+	}
+	if cfg.Barrier != TwoPhase && cfg.Barrier != Counting {
+		return Stats{}, fmt.Errorf("protomodel: one-shot runs the kernels' barriers, TwoPhase or Counting, not %v", cfg.Barrier)
+	}
 	r := newRun(cfg.Stall)
-	m := &oneShotModel{cfg: cfg, run: r, bar: &barrier{sig: newSignals(cfg.Ranks), variant: TwoPhase, run: r}}
+	m := &oneShotModel{cfg: cfg, run: r, bar: &barrier{sig: newSignals(cfg.Ranks), variant: cfg.Barrier, run: r}}
 	m.in = make([][]atomic.Uint32, cfg.Ranks)
 	m.read = make([][]atomic.Int64, cfg.Ranks)
 	for p := range cfg.Ranks {
@@ -69,11 +133,13 @@ func OneShot(ctx context.Context, cfg OneShotConfig) (Stats, error) {
 				if m.peerStillReading(k) {
 					r.ahead.Add(1)
 				}
-				// The copy runs once the rank's previous kernel has exited and
-				// lands element by element, in any order.
-				for _, i := range copier.rng.Perm(cfg.Elems) {
-					m.in[rank][i].Store(uint32(k + 1))
-					copier.pause()
+				if cfg.Stage == HostCopy {
+					// The copy runs once the rank's previous kernel has exited and
+					// lands element by element, in any order.
+					for _, i := range copier.rng.Perm(cfg.Elems) {
+						m.in[rank][i].Store(uint32(k + 1))
+						copier.pause()
+					}
 				}
 				var blocks sync.WaitGroup
 				var reads atomic.Int64
@@ -109,25 +175,156 @@ func (m *oneShotModel) peerStillReading(k int) bool {
 	return false
 }
 
+// stagedStore is one weak store of a block's staging copy, not yet in memory.
+type stagedStore struct {
+	elem, thread int
+	value        uint32
+}
+
+// stager is one block's staging copy (KernelStaged and its broken variants): weak stores
+// into the rank's buffer that stay pending until a release lands them, or until they land
+// on their own at a random later step of the block (drain).
+type stager struct {
+	buf     []atomic.Uint32
+	rng     *rand.Rand
+	pending []stagedStore
+}
+
+// copy queues thread t's stores of value at elems.
+func (s *stager) copy(t int, elems []int, value uint32) {
+	for _, i := range elems {
+		s.pending = append(s.pending, stagedStore{i, t, value})
+	}
+	s.rng.Shuffle(len(s.pending), func(x, y int) { s.pending[x], s.pending[y] = s.pending[y], s.pending[x] })
+}
+
+// land writes the pending stores that keep says to memory and keeps the others pending.
+func (s *stager) land(keep func(stagedStore) bool) {
+	kept := s.pending[:0]
+	for _, st := range s.pending {
+		if keep(st) {
+			kept = append(kept, st)
+			continue
+		}
+		s.buf[st.elem].Store(st.value)
+	}
+	s.pending = kept
+}
+
+// drain lets each pending store reach memory with probability 1/4.
+func (s *stager) drain() { s.land(func(stagedStore) bool { return s.rng.IntN(4) != 0 }) }
+
+// flush lands every pending store: the kernel's end.
+func (s *stager) flush() { s.land(func(stagedStore) bool { return false }) }
+
+// own returns the value of the block's own pending store to elem, if any: a thread reads
+// what it stored itself (program order), before the store has reached memory.
+func (s *stager) own(elem int) (uint32, bool) {
+	for i := len(s.pending) - 1; i >= 0; i-- {
+		if s.pending[i].elem == elem {
+			return s.pending[i].value, true
+		}
+	}
+	return 0, false
+}
+
+// blockElems returns the elements block b's threads visit, in any order, each with its thread.
+func (m *oneShotModel) blockElems(b int) (elems, threads []int) {
+	cfg := m.cfg
+	for t := range cfg.Threads {
+		for _, i := range threadElems(b, t, cfg.Blocks, cfg.Threads, cfg.Elems) {
+			elems = append(elems, i)
+			threads = append(threads, t)
+		}
+	}
+	return elems, threads
+}
+
 // block runs block b of rank for call k and returns the number of reads it
-// made: entry barrier, every rank's input at the block's elements, exit
+// made: staging (Stage), entry barrier, every rank's input at the block's elements, exit
 // barrier.
 func (m *oneShotModel) block(rank, b, k int, j *jitter) (reads int) {
 	cfg := m.cfg
-	if _, ok := m.bar.wait(rank, b, j); !ok {
+	value := uint32(k + 1)
+	var st *stager
+	if cfg.Stage != HostCopy {
+		st = &stager{buf: m.in[rank], rng: rand.New(rand.NewPCG(cfg.Seed^0x5DEECE66D, uint64(rank)<<16|uint64(b)<<8|uint64(k&0xFF)))}
+		j.drain = st.drain
+		defer func() {
+			// the kernel's end: its stores are visible to the next kernel
+			st.flush()
+			j.drain = nil
+		}()
+	}
+	stage := func() {
+		src := b
+		if cfg.Stage == StagedOtherBlock {
+			src = (b + 1) % cfg.Blocks
+		}
+		for t := range cfg.Threads {
+			st.copy(t, threadElems(src, t, cfg.Blocks, cfg.Threads, cfg.Elems), value)
+		}
+		j.pause()
+	}
+	var release func(lane int)
+	switch cfg.Stage {
+	case KernelStaged, StagedNoAcquire, StagedOtherBlock:
+		// bar.sync after the copy, then each lane's fence: the whole block's copies land
+		release = func(int) {
+			m.run.released.Add(int64(len(st.pending)))
+			st.flush()
+		}
+	case StagedNoBarSync:
+		// lane t's fence orders its own thread's copies only
+		release = func(lane int) { st.land(func(s stagedStore) bool { return s.thread != lane }) }
+	}
+	if cfg.Stage != HostCopy && cfg.Stage != StagedAfterBarrier {
+		stage()
+	}
+
+	elems, threads := m.blockElems(b)
+	order := j.rng.Perm(len(elems))
+	// early[x*Ranks+p]: a read of rank p's element elems[x] performed before the barrier
+	// (StagedNoAcquire), -1 for none
+	var early []int64
+	if cfg.Stage == StagedNoAcquire {
+		early = make([]int64, len(elems)*cfg.Ranks)
+		for _, x := range order {
+			for p := range cfg.Ranks {
+				early[x*cfg.Ranks+p] = -1
+				if p != rank && j.rng.IntN(2) == 0 {
+					early[x*cfg.Ranks+p] = int64(m.in[p][elems[x]].Load())
+					j.pause()
+				}
+			}
+		}
+	}
+	if _, ok := m.bar.waitReleasing(rank, b, j, nil, release); !ok {
 		return reads
 	}
-	// The block's threads read in any order.
-	var elems []int
-	for t := range cfg.Threads {
-		elems = append(elems, threadElems(b, t, cfg.Blocks, cfg.Threads, cfg.Elems)...)
+	if cfg.Stage == StagedAfterBarrier {
+		stage()
+		st.flush()
 	}
-	j.rng.Shuffle(len(elems), func(x, y int) { elems[x], elems[y] = elems[y], elems[x] })
-	for _, i := range elems {
+	// The block's threads read in any order.
+	for _, x := range order {
+		i := elems[x]
 		for p := range cfg.Ranks {
-			if v := m.in[p][i].Load(); v != uint32(k+1) {
-				m.run.fail(fmt.Errorf("protomodel: %w: rank %d block %d in call %d read rank %d's element %d and found call %d's data",
-					ErrStaleRead, rank, b, k, p, i, int(v)-1))
+			var v uint32
+			switch {
+			case early != nil && early[x*cfg.Ranks+p] >= 0:
+				v = uint32(early[x*cfg.Ranks+p])
+			case p == rank && st != nil:
+				var ok bool
+				if v, ok = st.own(i); !ok {
+					v = m.in[p][i].Load()
+				}
+			default:
+				v = m.in[p][i].Load()
+			}
+			if v != value {
+				m.run.fail(fmt.Errorf("protomodel: %w: %v: rank %d block %d (thread %d) in call %d read rank %d's element %d and found call %d's data",
+					ErrStaleRead, cfg.Stage, rank, b, threads[x], k, p, i, int(v)-1))
 				return reads
 			}
 			reads++

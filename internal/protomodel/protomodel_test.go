@@ -200,6 +200,59 @@ func TestOneShotExitBarrier(t *testing.T) {
 	assert.Positive(t, st.Ahead)
 }
 
+// TestOneShotStaging runs the one-shot kernel that stages its own input (ptx.FlagStageInput)
+// over both barriers: its copies, weak stores that land late, are released by the lanes'
+// fences after the copy's bar.sync and acquired by the peers' polls, so no block ever reads
+// another call's data, and with the exit barrier no call stages while a peer still reads the
+// previous one. Without the exit barrier the next call's copies overwrite what a slow peer
+// still reads.
+func TestOneShotStaging(t *testing.T) {
+	for _, v := range []BarrierVariant{TwoPhase, Counting} {
+		for _, c := range []OneShotConfig{
+			{Ranks: 4, Blocks: 2, Threads: 6, Elems: 64, Rounds: 120},
+			{Ranks: 3, Blocks: 3, Threads: 5, Elems: 37, Rounds: 120}, // uneven grid-stride shares
+			{Ranks: 8, Blocks: 2, Threads: 9, Elems: 40, Rounds: 40},
+		} {
+			t.Run(fmt.Sprintf("%v_ws%d_b%d", v, c.Ranks, c.Blocks), func(t *testing.T) {
+				c.Barrier, c.Stage, c.ExitBarrier, c.Seed = v, KernelStaged, true, uint64(c.Ranks)
+				st, err := OneShot(testContext(t), c)
+				require.NoError(t, err)
+				assert.Equal(t, c.Ranks*c.Blocks*c.Rounds, st.Rounds)
+				assert.Zero(t, st.Ahead, "with the exit barrier no call may stage while a peer still reads")
+				assert.Positive(t, st.Released, "no fence found a copy still pending: the schedule did not test the release")
+			})
+		}
+		t.Run(fmt.Sprintf("%v_no_exit_barrier", v), func(t *testing.T) {
+			st, err := catch(t, func(seed uint64) (Stats, error) {
+				return OneShot(testContext(t), OneShotConfig{Ranks: 4, Blocks: 2, Threads: 4, Elems: 64, Rounds: 150,
+					Stage: KernelStaged, Barrier: v, Seed: seed, Stall: brokenStall})
+			})
+			require.ErrorIs(t, err, ErrStaleRead)
+			assert.Positive(t, st.Ahead)
+		})
+	}
+}
+
+// TestOneShotStagingBrokenCaught: the staging without the fence before the flags, with fences
+// but without the bar.sync that makes them release the whole block's copies, with polls that
+// do not acquire, with the copy after the barrier, or with a block copying another block's
+// elements, must each be caught reading another call's data.
+func TestOneShotStagingBrokenCaught(t *testing.T) {
+	for _, stage := range []StageVariant{StagedNoRelease, StagedNoBarSync, StagedNoAcquire, StagedAfterBarrier, StagedOtherBlock} {
+		for _, v := range []BarrierVariant{TwoPhase, Counting} {
+			t.Run(fmt.Sprintf("%v_%v", stage, v), func(t *testing.T) {
+				_, err := catch(t, func(seed uint64) (Stats, error) {
+					// more threads than ranks: lanes are only some of the block's threads
+					return OneShot(testContext(t), OneShotConfig{Ranks: 3, Blocks: 2, Threads: 6, Elems: 48, Rounds: 200,
+						ExitBarrier: true, Stage: stage, Barrier: v, Seed: seed, Stall: brokenStall})
+				})
+				require.ErrorIs(t, err, ErrStaleRead)
+				assert.Contains(t, err.Error(), stage.String())
+			})
+		}
+	}
+}
+
 // TestWatchdogReportsWaits stops a run whose peer never arrives: ws 2, but
 // only rank 0 takes part, as when a peer never launches.
 func TestWatchdogReportsWaits(t *testing.T) {
@@ -243,6 +296,12 @@ func TestConfigErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "0 threads")
 	_, err = OneShot(ctx, OneShotConfig{Ranks: 0, Blocks: 1, Threads: 1})
 	assert.ErrorContains(t, err, "0 ranks")
+	_, err = OneShot(ctx, OneShotConfig{Ranks: 2, Blocks: 1, Threads: 1, Stage: StagedOtherBlock + 1})
+	assert.ErrorContains(t, err, "unknown stage variant")
+	_, err = OneShot(ctx, OneShotConfig{Ranks: 2, Blocks: 1, Threads: 1, Barrier: OnePhase})
+	assert.ErrorContains(t, err, "one-phase")
+	assert.Equal(t, []string{"host-copy", "kernel-staged", "staged-no-release", "staged-no-bar-sync", "staged-no-acquire", "staged-after-barrier", "staged-other-block", "StageVariant(9)"},
+		[]string{HostCopy.String(), KernelStaged.String(), StagedNoRelease.String(), StagedNoBarSync.String(), StagedNoAcquire.String(), StagedAfterBarrier.String(), StagedOtherBlock.String(), StageVariant(9).String()})
 }
 
 // TestCallCheck runs the kernels' call check over both barriers: ranks that make the same

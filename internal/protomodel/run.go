@@ -131,6 +131,9 @@ type Stats struct {
 	// Unpublished counts the call checks that found a peer's call of this round
 	// not yet (or only partly) visible and loaded it again.
 	Unpublished int
+	// Released counts the one-shot staging copies still pending when a lane's fence landed
+	// them: copies that the peers, without the fence, could have read too early.
+	Released int
 }
 
 // DefaultStall is the progress watchdog's limit when a config leaves it 0:
@@ -146,6 +149,7 @@ type run struct {
 	ahead    atomic.Int64
 	rounds   atomic.Int64
 	unpub    atomic.Int64
+	released atomic.Int64
 
 	mu         sync.Mutex
 	err        error
@@ -214,7 +218,7 @@ func (r *run) watch(ctx context.Context) (end func()) {
 
 // result is the outcome once every goroutine of the run has returned.
 func (r *run) result() (Stats, error) {
-	st := Stats{Rounds: int(r.rounds.Load()), Ahead: int(r.ahead.Load()), Unpublished: int(r.unpub.Load())}
+	st := Stats{Rounds: int(r.rounds.Load()), Ahead: int(r.ahead.Load()), Unpublished: int(r.unpub.Load()), Released: int(r.released.Load())}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.deadlocked {
