@@ -22,14 +22,17 @@ import (
 // last element of src are read (never written); they lie inside the same aligned vector, and
 // so inside the allocation's last page.
 //
-// It only enqueues work on stream (a copy and a kernel) and returns; the stream must belong
+// It only enqueues work on stream (a kernel, and before a TwoShot kernel that reads src
+// through the staging buffer, a copy) and returns; the stream must belong
 // to this rank's device. A peer that does not arrive makes the kernel give up after
 // Options.Timeout; that error is reported by Err and by every later call.
 //
 // Inputs: Push reads src directly. OneShot and TwoShot need src to be visible to the peers:
 // a src registered with Register is read in place (OneShot: if dst does not overlap it;
-// TwoShot: also if dst == src); otherwise it is first copied into this rank's staging buffer.
-// Under Capture the pointers are exchanged after capture instead.
+// TwoShot: also if dst == src); otherwise it goes through this rank's staging buffer: OneShot's
+// kernel copies it there itself before its entry barrier, TwoShot's call enqueues a copy
+// before the kernel. Under Capture the pointers are exchanged after capture instead (an
+// in-place OneShot still stages, in its kernel).
 //
 // Outputs: when dst is visible to the peers too (registered, or any dst under Capture),
 // TwoShot writes every rank's share of the sum straight into every rank's dst: one barrier
@@ -67,12 +70,26 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 	var inputs, outputs driver.DevicePtr
 	var buf *[8 * ptx.MaxRanks]byte
 	var slot uint64
+	var flags uint32
 	switch algo {
 	case Push:
 		inputs, buf, slot = src, &c.recv, c.layout.recvSlot
 	default:
-		if inputs, err = c.pullInput(stream, algo, dst, src, uint64(nbytes)); err != nil {
+		var staged bool
+		if inputs, staged, err = c.inputSlot(algo, dst, src, uint64(nbytes)); err != nil {
 			return err
+		}
+		switch {
+		case staged && algo == OneShot:
+			// The kernel copies src into the staging buffer itself, each thread the vectors it
+			// reduces, before its entry barrier: no copy to enqueue (a driver call per rank and
+			// call, which virtual ranks pay in turn on one host thread) and none to run on the
+			// GPU. src travels in p_outputs, which OneShot has no other use for.
+			outputs, flags = src, ptx.FlagStageInput
+		case staged:
+			if err = c.stage(stream, src, uint64(nbytes)); err != nil {
+				return err
+			}
 		}
 		if algo == TwoShot && direct {
 			if outputs, err = c.pullOutput(dst, uint64(nbytes), outReg); err != nil {
@@ -97,7 +114,6 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 	a.Bytes(c.sig[:ws8], 8)
 	a.Bytes(buf[:ws8], 8)
 	a.U64(slot)
-	var flags uint32
 	if blocks <= c.earlyRoom {
 		flags |= ptx.FlagEarlyTrigger
 	}
@@ -230,24 +246,45 @@ func (c *Comm) pullOutput(dst driver.DevicePtr, nbytes uint64, reg *Registration
 	return c.table.addr(reg.slot), nil
 }
 
-// pullInput returns the registration slot a pull kernel reads its inputs through.
+// pullInput returns the registration slot a pull kernel reads its inputs through, having
+// enqueued the copy of src into the staging buffer where the peers read that. The fused
+// kernels take their input this way; AllReduce's OneShot uses inputSlot and lets its kernel
+// stage (ptx.FlagStageInput).
 func (c *Comm) pullInput(stream *driver.Stream, algo Algorithm, dst, src driver.DevicePtr, nbytes uint64) (driver.DevicePtr, error) {
-	if c.capture != nil {
-		return c.capture.record(c, stream, algo, dst, src, nbytes)
+	slot, staged, err := c.inputSlot(algo, dst, src, nbytes)
+	if err == nil && staged {
+		err = c.stage(stream, src, nbytes)
 	}
-	if reg, ok := c.registered[src]; ok && nbytes <= reg.bytes && readsInPlace(algo, dst, src, nbytes) {
-		return c.table.addr(reg.slot), nil
-	}
-	return c.stage(stream, src, nbytes)
+	return slot, err
 }
 
-// stage copies src into this rank's staging buffer, which every peer reads through slot 0.
-func (c *Comm) stage(stream *driver.Stream, src driver.DevicePtr, nbytes uint64) (driver.DevicePtr, error) {
+// inputSlot returns the registration slot a pull kernel reads its inputs through, and whether
+// that is slot 0, the ranks' staging buffers, which src must reach before the peers read it:
+// when the peers cannot read src in place (see readsInPlace), or, eager, src is not
+// registered with room for the call. Under Capture the peers' buffers are exchanged after
+// capture (captureState.record).
+func (c *Comm) inputSlot(algo Algorithm, dst, src driver.DevicePtr, nbytes uint64) (slot driver.DevicePtr, staged bool, err error) {
+	if c.capture != nil {
+		return c.capture.record(c, algo, dst, src, nbytes)
+	}
+	if reg, ok := c.registered[src]; ok && nbytes <= reg.bytes && readsInPlace(algo, dst, src, nbytes) {
+		return c.table.addr(reg.slot), false, nil
+	}
+	return c.table.addr(0), true, nil
+}
+
+// stage enqueues the copy of src into this rank's staging buffer, which every peer reads
+// through slot 0. Only the kernels that do not stage their input themselves need it: TwoShot
+// (block b of rank p reads every input at p's shard only, so a copy in the kernel that the
+// per-block entry barrier orders would have to cover block b's part of every shard, a loop
+// of its own) and the fused kernels (AllReduceResidualRMSNorm), whose templates have no
+// ptx.FlagStageInput.
+func (c *Comm) stage(stream *driver.Stream, src driver.DevicePtr, nbytes uint64) error {
 	staging := c.peers[c.rank].Ptr() + driver.DevicePtr(c.layout.staging)
 	if err := stream.CopyDtoDAsync(staging, src, nbytes); err != nil {
-		return 0, c.fail(fmt.Errorf("collective: rank %d: copy input to staging: %w", c.rank, err))
+		return c.fail(fmt.Errorf("collective: rank %d: copy input to staging: %w", c.rank, err))
 	}
-	return c.table.addr(0), nil
+	return nil
 }
 
 // readsInPlace reports whether the peers may read src itself rather than a staging copy.

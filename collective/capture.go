@@ -27,14 +27,17 @@ func newCaptureState() *captureState {
 	return &captureState{index: map[driver.DevicePtr]int{}}
 }
 
-// record returns the input slot of one captured all-reduce.
-func (cs *captureState) record(c *Comm, stream *driver.Stream, algo Algorithm, dst, src driver.DevicePtr, nbytes uint64) (driver.DevicePtr, error) {
+// record returns the input slot of one captured all-reduce, and whether it is the staging
+// slot (see Comm.inputSlot).
+func (cs *captureState) record(c *Comm, algo Algorithm, dst, src driver.DevicePtr, nbytes uint64) (slot driver.DevicePtr, staged bool, err error) {
 	if !readsInPlace(algo, dst, src, nbytes) {
-		// In place: peers must not read a buffer this rank overwrites, so the graph copies
-		// the input into the staging buffer, as an eager call does.
-		return c.stage(stream, src, nbytes)
+		// In place: peers must not read a buffer this rank overwrites, so the input goes
+		// through the staging buffer, as an eager call's does: OneShot's kernel node copies it
+		// there itself (ptx.FlagStageInput), the fused kernels' get a copy node before them.
+		return c.table.addr(0), true, nil
 	}
-	return cs.share(c, src, nbytes)
+	slot, err = cs.share(c, src, nbytes)
+	return slot, false, err
 }
 
 // share returns the slot through which the peers' counterparts of ptr are found, reserving it
