@@ -19,17 +19,26 @@ const (
 	// FusedTwoShot gives rank r the rows [r*rows/ws, (r+1)*rows/ws) (its band), and sums
 	// them in the rotated order r, r+1, .., r-1 (mod ws).
 	FusedTwoShot
+	// FusedPush sums every row in rank order 0, 1, .., ws-1 as FusedOneShot does, but reads
+	// every +0.0 input element as -0.0: the push kernel sends +0.0 as -0.0, because all-zero
+	// bits mean "not arrived" in its receive slots (Push, the plain all-reduce's reference,
+	// does the same). The residual is added as it is. The two orders differ only where every
+	// input of an element is +0.0 and its residual is -0.0: FusedOneShot gives +0.0 + -0.0 =
+	// +0.0, FusedPush -0.0 + -0.0 = -0.0 (and so a NormOut of the other sign).
+	FusedPush
 )
 
 // Fused describes one fused all-reduce + residual add + RMSNorm (ptx.FusedSpec, and with one
 // input the single-rank kernel ptx.NormSpec), whose results Run reproduces bit for bit.
 //
-// Where values are rounded, per element of a row: the inputs are widened to f32 (exact) and
-// added in the algorithm's order (add.rn each); the residual is widened and added (add.rn);
-// the sum is rounded once to the element type: that is ResidualOut. The norm reads those
-// rounded values widened again. Thread t of the block (Threads of them) sums x*x (mul.rn,
-// then add.rn, from +0) over its vectors t, t+Threads, .. of the row, and within a vector over
-// its elements in address order. The 32 lanes of a warp are added by a tree: for d = 16, 8, 4,
+// Where values are rounded, per element of a row: the inputs are widened to f32 (exact; with
+// FusedPush, +0.0 as -0.0) and added in the algorithm's order (add.rn each); the residual is
+// widened and added (add.rn); the sum is rounded once to the element type: that is
+// ResidualOut. The norm reads those rounded values widened again. Thread t of the block
+// (Threads of them) sums x*x (mul.rn, then add.rn, from +0) over its vectors t, t+Threads, ..
+// of the row, and within a vector over its elements in address order. (The fused push kernel
+// may spread a row over several blocks of fewer threads: thread t is then a virtual thread of
+// the row, its lanes and warps the same, and the order the same.) The 32 lanes of a warp are added by a tree: for d = 16, 8, 4,
 // 2, 1, lane i adds lane i+d (add.rn); lane 0 holds the warp's sum. The warps' sums, padded
 // with +0 to 32, go through the same tree. Then mean = sum / hidden (div.rn), + eps (add.rn),
 // sqrt (sqrt.rn), inv = 1 / that (div.rn), all in f32; NormOut = (x * inv) * gamma (two
@@ -53,8 +62,8 @@ func (f Fused) Run(inputs [][]byte, residual, gamma []byte) (residOut, normOut [
 	size := f.DType.Size()
 	rowBytes := f.Hidden * size
 	switch {
-	case f.Algo != FusedOneShot && f.Algo != FusedTwoShot:
-		return nil, nil, fmt.Errorf("ref: fused all-reduce: unknown algorithm %d: use FusedOneShot or FusedTwoShot", f.Algo)
+	case f.Algo != FusedOneShot && f.Algo != FusedTwoShot && f.Algo != FusedPush:
+		return nil, nil, fmt.Errorf("ref: fused all-reduce: unknown algorithm %d: use FusedOneShot, FusedTwoShot or FusedPush", f.Algo)
 	case f.Hidden <= 0 || rowBytes%VectorBytes != 0:
 		return nil, nil, fmt.Errorf("ref: fused all-reduce: hidden size %d is not a positive number of 16-byte vectors of %v", f.Hidden, f.DType)
 	case f.Threads <= 0 || f.Threads%32 != 0:
@@ -90,6 +99,7 @@ func (f Fused) Run(inputs [][]byte, residual, gamma []byte) (residOut, normOut [
 func (f Fused) rows(inputs [][]byte, residual, gamma, residOut, normOut []byte, from, to int) {
 	ws, rows := len(inputs), len(residual)/(f.Hidden*f.DType.Size())
 	x := make([]float32, f.Hidden) // the rounded ResidualOut row, widened
+	negZero := f.Algo == FusedPush
 	for row := from; row < to; row++ {
 		first := 0
 		if f.Algo == FusedTwoShot {
@@ -99,9 +109,9 @@ func (f Fused) rows(inputs [][]byte, residual, gamma, residOut, normOut []byte, 
 		}
 		for e := range f.Hidden {
 			i := row*f.Hidden + e
-			acc := value(f.DType, load(f.DType, inputs[first], i))
+			acc := widen(f.DType, load(f.DType, inputs[first], i), negZero)
 			for k := 1; k < ws; k++ {
-				acc = float32(acc + value(f.DType, load(f.DType, inputs[(first+k)%ws], i)))
+				acc = float32(acc + widen(f.DType, load(f.DType, inputs[(first+k)%ws], i), negZero))
 			}
 			acc = float32(acc + value(f.DType, load(f.DType, residual, i)))
 			bits := narrow(f.DType, acc)

@@ -46,7 +46,7 @@ func TestFusedAgainstFloat64(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 11))
 	for _, dt := range dtype.All {
 		ulp := map[dtype.DType]float64{dtype.Float32: 1e-5, dtype.Float16: 2e-3, dtype.BFloat16: 1.6e-2}[dt]
-		for _, algo := range []FusedAlgo{FusedOneShot, FusedTwoShot} {
+		for _, algo := range []FusedAlgo{FusedOneShot, FusedTwoShot, FusedPush} {
 			const ws, rows, hidden = 8, 5, 2048
 			inputs := make([][]byte, ws)
 			for r := range inputs {
@@ -102,6 +102,55 @@ func TestFusedOrder(t *testing.T) {
 	assert.Equal(t, float32(1), math.Float32frombits(uint32(load(dtype.Float32, got, 0))))
 	// row 1 from rank 2: (-1e8 + 1e8) + 1 = 1, + 1 = 2
 	assert.Equal(t, float32(2), math.Float32frombits(uint32(load(dtype.Float32, got, hidden))))
+}
+
+// TestFusedPushZeros pins where the push order differs from the one-shot order: an element
+// whose inputs are all +0.0 sums to -0.0 (sent as -0.0), which a -0.0 residual keeps and a
+// +0.0 residual turns into +0.0; everything else is the one-shot's result.
+func TestFusedPushZeros(t *testing.T) {
+	const hidden = 8 // bf16: one vector per row
+	negZero := uint64(signBit(dtype.BFloat16))
+	rng := rand.New(rand.NewPCG(3, 4))
+	inputs := [][]byte{Activations(rng, dtype.BFloat16, 2*hidden, 1), Activations(rng, dtype.BFloat16, 2*hidden, 1)}
+	residual := Activations(rng, dtype.BFloat16, 2*hidden, 1)
+	gamma := Activations(rng, dtype.BFloat16, hidden, 1)
+	// element 0: all inputs +0.0, residual -0.0; element 1: all +0.0, residual +0.0;
+	// element 2: inputs +0.0 and -0.0, residual -0.0
+	for r := range inputs {
+		store(dtype.BFloat16, inputs[r], 0, 0)
+		store(dtype.BFloat16, inputs[r], 1, 0)
+	}
+	store(dtype.BFloat16, inputs[1], 2, negZero)
+	store(dtype.BFloat16, inputs[0], 2, 0)
+	store(dtype.BFloat16, residual, 0, negZero)
+	store(dtype.BFloat16, residual, 1, 0)
+	store(dtype.BFloat16, residual, 2, negZero)
+	f := Fused{DType: dtype.BFloat16, Algo: FusedOneShot, Hidden: hidden, Threads: 32, Eps: 1e-6}
+	oneR, oneN, err := f.Run(inputs, residual, gamma)
+	require.NoError(t, err)
+	f.Algo = FusedPush
+	pushR, pushN, err := f.Run(inputs, residual, gamma)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(0), load(dtype.BFloat16, oneR, 0), "one-shot: +0 + -0 = +0")
+	assert.Equal(t, negZero, load(dtype.BFloat16, pushR, 0), "push: -0 + -0 = -0")
+	assert.Equal(t, uint64(0), load(dtype.BFloat16, pushR, 1), "push: -0 + +0 = +0")
+	assert.Equal(t, negZero, load(dtype.BFloat16, pushR, 2), "push: -0 + -0 + -0 = -0")
+	assert.Equal(t, uint64(0), load(dtype.BFloat16, oneR, 2), "one-shot: +0 + -0 + -0 = +0")
+	for i := 1; i < 2*hidden; i++ {
+		if i == 2 {
+			continue
+		}
+		assert.Equal(t, load(dtype.BFloat16, oneR, i), load(dtype.BFloat16, pushR, i), "ResidualOut[%d]", i)
+	}
+	// the rows' inv is the same (a zero's square is +0 either way), and the norm of a signed
+	// zero is a zero of the sign it had, times gamma's
+	for i := range 2 * hidden {
+		want := load(dtype.BFloat16, oneN, i)
+		if i == 0 || i == 2 {
+			want ^= negZero
+		}
+		assert.Equal(t, want, load(dtype.BFloat16, pushN, i), "NormOut[%d]", i)
+	}
 }
 
 // TestWarpTree pins the tree: lane i adds lane i+d for d = 16..1, so lane 0's sum of these
