@@ -86,6 +86,73 @@ func FusedParams(worldSize int) []Param {
 	}
 }
 
+// FusedPushParams returns the parameter list of the fused push kernel of the given world size,
+// in launch order: the one Go-side declaration, packed from by the launcher and checked
+// against every generated .entry. It is FusedParams without the registration tables (push
+// reads its own input and writes no peer's output), and with push's receive slot and the
+// scratch of rows spread over several blocks.
+func FusedPushParams(worldSize int) []Param {
+	return []Param{
+		{"p_input", 8, 8}, // own In, read in place (the peers never read it)
+		{"p_resid_out", 8, 8},
+		{"p_norm_out", 8, 8}, // unused with FlagNoNorm
+		{"p_residual", 8, 8},
+		{"p_gamma", 8, 8}, // unused with FlagNoNorm
+		{"p_rows", 4, 4},
+		{"p_hvec", 4, 4},
+		{"p_rank", 4, 4},
+		{"p_eps", 4, 4},
+		{"p_err", 8, 8},
+		{"p_timeout", 8, 8},
+		{"p_sig", 8 * worldSize, 8},
+		{"p_buf", 8 * worldSize, 8}, // every rank's push receive buffer
+		{"p_slot", 8, 8},            // bytes of one receive slot, PushSlotBytes(PushMaxBytes)
+		{"p_scratch", 8, 8},         // FusedScratchBytes of this rank's own memory
+		{"p_flags", 4, 4},           // FlagEarlyTrigger, FlagNoNorm
+		{"p_call", 8, 8},            // FusedCall(Push, ...)'s fingerprint
+	}
+}
+
+// The fused push kernel may spread a row over several blocks (FusedPushPieces): each block
+// then holds the sums of squares of only its warps, and the row's blocks meet once per row,
+// in the kernel, to add them all.
+const (
+	// FusedRowSyncOffset is the byte offset, in the signal region, of fused_rows[MaxSplitRows]
+	// (u32): the arrivals of the blocks of a spread row, counted by atom.inc and back at 0 when
+	// the last one arrives, so that every call finds them 0 (the region is zeroed once at
+	// creation). It follows call[64 blocks].
+	FusedRowSyncOffset = CallOffset + MaxBlocks*VectorBytes
+	// MaxSplitRows bounds the rows of a call that the fused push spreads over several blocks:
+	// at least two blocks each, at most MaxBlocks blocks.
+	MaxSplitRows = MaxBlocks / 2
+	// FusedScratchBytes is the scratch a fused push call needs (p_scratch): 16 f32 warp sums
+	// (64 bytes) per spread row. The memory must be this rank's, not written by anything else
+	// while the kernel runs; it need not be zeroed (each sum is written before it is read).
+	FusedScratchBytes = MaxSplitRows * 64
+)
+
+// FusedPushPieces is the number of blocks the fused push kernel spreads each of rows rows of
+// rowVectors 16-byte vectors over, with blocks blocks in its grid (its fixed push grid), and
+// the threads of each block: a row's FusedThreads(rowVectors) threads (the reference's, whose
+// order of the sum of squares the kernel keeps) split into pieces of whole warps, at least
+// minThreads (a multiple of 32) each, as many as fit rows*pieces <= blocks. pieces 1 is one
+// block per row (rows b, b+blocks, .. in block b), as the one-shot kernel; then threads is
+// FusedThreads(rowVectors).
+func FusedPushPieces(rows, rowVectors, blocks, minThreads int) (pieces, threads int) {
+	t := FusedThreads(rowVectors)
+	warps := t / 32
+	pieces = 1
+	if rows <= MaxSplitRows {
+		for p := warps; p >= 2; p-- {
+			if warps%p == 0 && rows*p <= blocks && t/p >= minThreads {
+				pieces = p
+				break
+			}
+		}
+	}
+	return pieces, t / pieces
+}
+
 // FusedTmpBytes is the tmp buffer the fused two-shot needs on a rank of worldSize ranks for
 // rows rows of rowBytes bytes: its largest band of rows, then one f32 per row of it.
 func FusedTmpBytes(worldSize, rows int, rowBytes int64) int64 {
@@ -94,10 +161,13 @@ func FusedTmpBytes(worldSize, rows int, rowBytes int64) int64 {
 }
 
 // FusedSpec names a fused all-reduce + residual add + RMSNorm kernel: OneShot (every rank
-// reduces and norms every row) or TwoShot (each rank its band of rows, then an all-gather of
-// the finished rows), for one element type, world size, target and barrier scope.
+// reduces and norms every row), TwoShot (each rank its band of rows, then an all-gather of
+// the finished rows) or Push (every rank sends its rows into every rank's push receive
+// buffer, then reduces and norms every row, without a barrier), for one element type, world
+// size, target and barrier scope. Push has no barrier: its kernel is the same in both scopes
+// (only the name differs), and collective loads the ScopeSystem one.
 type FusedSpec struct {
-	Algo      Algorithm // OneShot or TwoShot
+	Algo      Algorithm // OneShot, TwoShot or Push
 	DType     dtype.DType
 	WorldSize int
 	Target    Target
@@ -110,8 +180,8 @@ func (s FusedSpec) plain() Spec {
 
 // Validate reports whether the spec names a fused kernel that exists.
 func (s FusedSpec) Validate() error {
-	if s.Algo != OneShot && s.Algo != TwoShot {
-		return fmt.Errorf("fused kernel spec: algorithm %v: the fused kernels exist for ptx.OneShot and ptx.TwoShot", s.Algo)
+	if s.Algo != OneShot && s.Algo != TwoShot && s.Algo != Push {
+		return fmt.Errorf("fused kernel spec: unknown algorithm %d: the fused kernels exist for ptx.OneShot, ptx.TwoShot and ptx.Push", int(s.Algo))
 	}
 	if err := s.plain().Validate(); err != nil {
 		return fmt.Errorf("fused %w", err)
@@ -127,6 +197,14 @@ func (s FusedSpec) EntryName() string {
 		name += "_gpu"
 	}
 	return name
+}
+
+// Params returns the kernel's parameter list: FusedPushParams for Push, else FusedParams.
+func (s FusedSpec) Params() []Param {
+	if s.Algo == Push {
+		return FusedPushParams(s.WorldSize)
+	}
+	return FusedParams(s.WorldSize)
 }
 
 // Generate returns the PTX module of the kernel, as Spec.Generate does.
@@ -200,6 +278,9 @@ func (k *kernel) OWords() []string { return []string{"%o0", "%o1", "%o2", "%o3"}
 
 // FlagNoNorm is the p_flags bit of FlagNoNorm, for the templates.
 func (k *kernel) FlagNoNorm() int { return FlagNoNorm }
+
+// FusedRowSync is FusedRowSyncOffset, for the templates.
+func (k *kernel) FusedRowSync() int { return FusedRowSyncOffset }
 
 // TreeOffsets are the shfl.down distances of the warp's sum tree, in order.
 func (k *kernel) TreeOffsets() []int { return []int{16, 8, 4, 2, 1} }

@@ -12,13 +12,17 @@ import (
 	"github.com/goccl/goccl/dtype"
 )
 
-// allFusedSpecs lists every fused kernel: 2 algorithms x 3 types x 15 world sizes x 2
-// targets x 2 scopes = 360.
+// allFusedSpecs lists every fused kernel: one-shot and two-shot in both scopes, push (no
+// barrier: the same kernel in both scopes, collective loads the system-scope one) in one, x 3
+// types x 15 world sizes x 2 targets = 450.
 func allFusedSpecs() []FusedSpec {
 	var specs []FusedSpec
 	for _, scope := range Scopes {
 		for _, target := range []Target{SM80, SM90} {
-			for _, algo := range []Algorithm{OneShot, TwoShot} {
+			for _, algo := range Algorithms {
+				if algo == Push && scope != ScopeSystem {
+					continue
+				}
 				for _, dt := range dtype.All {
 					for ws := 2; ws <= MaxRanks; ws++ {
 						specs = append(specs, FusedSpec{Algo: algo, DType: dt, WorldSize: ws, Target: target, Scope: scope})
@@ -32,7 +36,7 @@ func allFusedSpecs() []FusedSpec {
 
 func TestFusedEntrySignature(t *testing.T) {
 	specs := allFusedSpecs()
-	require.Len(t, specs, 360)
+	require.Len(t, specs, 450)
 	names := map[string]bool{}
 	for _, s := range specs {
 		src, err := s.Generate()
@@ -40,10 +44,15 @@ func TestFusedEntrySignature(t *testing.T) {
 		entry, params, err := ParseEntryParams(src)
 		require.NoError(t, err, s.EntryName())
 		assert.Equal(t, s.EntryName(), entry)
-		assert.Equal(t, FusedParams(s.WorldSize), params, s.EntryName())
+		assert.Equal(t, s.Params(), params, s.EntryName())
+		if s.Algo == Push {
+			assert.Equal(t, FusedPushParams(s.WorldSize), params, s.EntryName())
+		} else {
+			assert.Equal(t, FusedParams(s.WorldSize), params, s.EntryName())
+		}
 		names[s.EntryName()+s.Target.String()] = true
 	}
-	assert.Len(t, names, 360)
+	assert.Len(t, names, 450)
 	for _, dt := range dtype.All {
 		for _, target := range []Target{SM80, SM90} {
 			src, err := NormSpec{dt, target}.Generate()
@@ -120,8 +129,8 @@ func TestFusedArithmetic(t *testing.T) {
 		src, err := s.Generate()
 		require.NoError(t, err)
 		sums := 1
-		if s.Algo == TwoShot {
-			sums = 2 // through tmp and direct
+		if s.Algo != OneShot {
+			sums = 2 // two-shot: through tmp and direct; push: one block per row, or spread
 		}
 		check(s.EntryName()+"_"+s.Target.String(), src, sums)
 	}
@@ -134,9 +143,12 @@ func TestFusedArithmetic(t *testing.T) {
 
 // TestFusedBarriers: one-shot passes the entry and exit barriers, two-shot the entry barrier
 // and either the middle or the delivered one, each kernel checks the call, and only sm_90 has
-// PDL.
+// PDL. Push has no barrier (TestFusedPush).
 func TestFusedBarriers(t *testing.T) {
 	for _, s := range allFusedSpecs() {
+		if s.Algo == Push {
+			continue
+		}
 		text := code(mustGenerate(t, s.Generate))
 		name := s.EntryName() + "_" + s.Target.String()
 		src := string(mustGenerate(t, s.Generate))
@@ -180,8 +192,11 @@ func TestFusedCall(t *testing.T) {
 	assert.Equal(t, 256, FusedThreads(256))
 	assert.Equal(t, 512, FusedThreads(4096))
 
-	assert.ErrorContains(t, FusedSpec{Push, dtype.BFloat16, 4, SM90, ScopeSystem}.Validate(), "OneShot and ptx.TwoShot")
+	assert.NoError(t, FusedSpec{Push, dtype.BFloat16, 4, SM90, ScopeSystem}.Validate())
+	assert.ErrorContains(t, FusedSpec{Algorithm(7), dtype.BFloat16, 4, SM90, ScopeSystem}.Validate(), "ptx.OneShot, ptx.TwoShot and ptx.Push")
 	assert.ErrorContains(t, FusedSpec{OneShot, dtype.BFloat16, 17, SM90, ScopeSystem}.Validate(), "world size 17")
+	assert.Equal(t, "goccl_fused_push_bf16_w4", FusedSpec{Push, dtype.BFloat16, 4, SM90, ScopeSystem}.EntryName())
+	assert.Equal(t, "all-reduce+rmsnorm of 1 rows of 8192 bf16 elements (push)", FusedCall(Push, dtype.BFloat16, 1, 8192, false).String())
 	_, err := NormSpec{DType: 0, Target: SM90}.Generate()
 	assert.Error(t, err)
 	assert.Equal(t, "goccl_fused_twoshot_f16_w8_gpu", FusedSpec{TwoShot, dtype.Float16, 8, SM80, ScopeGPU}.EntryName())
@@ -208,7 +223,10 @@ func TestFusedOccupancy(t *testing.T) {
 							plain = min(plain, blocksPerSM(rep.Registers))
 						}
 					}
-					for _, algo := range []Algorithm{OneShot, TwoShot} {
+					for _, algo := range Algorithms {
+						if algo == Push && scope != ScopeSystem {
+							continue
+						}
 						for _, dt := range dtype.All {
 							s := FusedSpec{algo, dt, ws, target, scope}
 							rep, err := assemble(ptxas, target.String(), mustGenerate(t, s.Generate), t.TempDir())
@@ -220,4 +238,113 @@ func TestFusedOccupancy(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestFusedPush reads the fused push kernels: push's protocol (sends to every rank's slot,
+// rank-order sums of the polled slots, re-arm, call header, parts, the deferred re-arm of a
+// plain push call before with three parts), the row sync of a spread row, and PDL.
+func TestFusedPush(t *testing.T) {
+	accRE := regexp.MustCompile(`shl\.b32 %x, %(v|o)(\d+), 16;\s+add\.rn\.f32 %acc0, %acc0, %x;`)
+	for _, s := range allFusedSpecs() {
+		if s.Algo != Push {
+			continue
+		}
+		name := s.EntryName() + "_" + s.Target.String()
+		src := string(mustGenerate(t, s.Generate))
+		text := code([]byte(src))
+		ws, parts := s.WorldSize, PushParts(s.WorldSize)
+		assert.False(t, has(src, "barrier ===="), name)
+		assert.False(t, has(text, "p_inputs"), name)
+		assert.Equal(t, ws, strings.Count(text, fmt.Sprintf("st.volatile.global.v4.b32 [%%a+%d], {%%v0, %%v1, %%v2, %%v3};", PushHeaderBytes)), "%s: one send per rank", name)
+		assert.True(t, has(text, "st.volatile.global.v4.b32 [%q], {%c0, %c1, %c2, %c3};"), "%s: call header sent", name)
+		assert.True(t, has(src, "==== call check: rank s's header"), name)
+		assert.Equal(t, ws, strings.Count(text, "\n\tld.volatile.global.v4.b32 {%v"), "%s: every slot loaded once before the wait", name)
+		if s.DType == dtype.BFloat16 {
+			// rank order 0..ws-1 (vector 0 starts the sums), then the residual (%o)
+			var order []string
+			for _, m := range accRE.FindAllStringSubmatch(text, -1) {
+				order = append(order, m[1]+m[2])
+			}
+			var want []string
+			for r := 1; r < ws; r++ {
+				want = append(want, fmt.Sprintf("v%d", 4*r))
+			}
+			want = append(want, "o0")
+			assert.Equal(t, want, order, name)
+			assert.True(t, has(text, "shl.b32 %acc0, %v0, 16;"), name)
+		}
+		rearm := strings.Count(text, "st.global.v4.b32 [%a], {%zero, %zero, %zero, %zero};")
+		pending := fmt.Sprintf("[%%pend+%d]", PushPendingOffset)
+		if ws >= DeferRearmMinRanks {
+			assert.Equal(t, 2*ws, rearm, "%s: re-arm of the slots read, and the plain call's deferred one", name)
+			assert.True(t, has(text, "ld.global.v2.u32 {%pnvec, %pntid}, "+pending+";"), name)
+			assert.True(t, has(text, fmt.Sprintf("st.global.v2.u32 [%%ep+%d], {%%zero, %%zero};", PushPendingOffset)), "%s: nothing left to re-arm", name)
+		} else {
+			assert.Equal(t, ws, rearm, name)
+			assert.False(t, has(text, "%pend"), name)
+		}
+		assert.True(t, has(text, "st.global.v4.b32 [%q], {%zero, %zero, %zero, %zero};"), "%s: header re-armed", name)
+		epoch := regexp.MustCompile(fmt.Sprintf(`add\.u32 %%epoch, %%epoch, 1;\s+setp\.ge\.u32 %%p0, %%epoch, %d;\s+@%%p0 mov\.u32 %%epoch, 0;\s+st\.global\.u32 \[%%ep\+%d\], %%epoch;`, parts, PushEpochOffset))
+		assert.True(t, epoch.MatchString(text), "%s: the next part", name)
+		// the row sync: counted arrivals that wrap to 0, acquire, strong loads of the sums
+		sync := fmt.Sprintf("[%%ctr+%d]", FusedRowSyncOffset)
+		assert.True(t, has(text, "atom.acq_rel.gpu.global.inc.u32 %old, "+sync+", %last;"), name)
+		assert.True(t, has(text, "ld.acquire.gpu.global.u32 %old, "+sync+";"), name)
+		assert.True(t, has(text, "@%l0 ld.relaxed.gpu.global.f32 %ss, [%a];"), name)
+		// both passes over a row step by the row's virtual threads
+		assert.Equal(t, 2, strings.Count(text, "add.u32 %vi, %vi, %T;"), name)
+		assert.Equal(t, 2, strings.Count(text, "mov.u32 %vi, %vt;"), name)
+		if s.Target == SM90 {
+			first := strings.Index(text, "griddepcontrol.wait;")
+			assert.True(t, first >= 0 && first < strings.Index(text, "ld.global"), "%s: griddepcontrol.wait before any load", name)
+			trigger := strings.Index(text, "@%early griddepcontrol.launch_dependents;")
+			assert.True(t, trigger > strings.Index(text, "HEADERSENT:") && trigger < strings.Index(text, "ROW:"), "%s: early trigger after the sends", name)
+		} else {
+			assert.False(t, has(text, "griddepcontrol"), name)
+		}
+	}
+}
+
+// TestFusedPushPieces: the rows are spread over the grid in whole warps of the reference's
+// threads, and every vector of every row is received by exactly one thread, whose vectors
+// are those of the reference's thread of the same index (kernel mapping mirrored here).
+func TestFusedPushPieces(t *testing.T) {
+	for _, tc := range []struct {
+		rows, hvec, blocks, min, pieces, threads int
+	}{
+		{1, 1024, 16, 64, 8, 64},
+		{2, 1024, 16, 64, 8, 64},
+		{3, 1024, 16, 64, 4, 128},
+		{8, 1024, 16, 64, 2, 256},
+		{9, 1024, 16, 64, 1, 512},
+		{40, 1024, 16, 64, 1, 512},
+		{1, 1024, 16, 32, 16, 32},
+		{1, 257, 16, 64, 3, 96}, // 288 threads: 9 warps
+		{1, 256, 8, 64, 4, 64},
+		{1, 4096, 64, 64, 8, 64},
+		{33, 256, 64, 32, 1, 256},
+	} {
+		p, th := FusedPushPieces(tc.rows, tc.hvec, tc.blocks, tc.min)
+		assert.Equal(t, [2]int{tc.pieces, tc.threads}, [2]int{p, th}, "%+v", tc)
+		T := FusedThreads(tc.hvec)
+		require.Equal(t, T, p*th)
+		seen := make([]int, tc.rows*tc.hvec)
+		for b := range tc.blocks {
+			for u := b; u < tc.rows*p; u += tc.blocks {
+				row, k := u/p, u%p
+				for tid := range th {
+					vt := k*th + tid
+					for vi := vt; vi < tc.hvec; vi += T {
+						require.Equal(t, vt, vi%T, "the reference's thread of vector %d", vi)
+						seen[row*tc.hvec+vi]++
+					}
+				}
+			}
+		}
+		for i, n := range seen {
+			require.Equal(t, 1, n, "%+v: vector %d", tc, i)
+		}
+	}
+	assert.Equal(t, CallOffset+MaxBlocks*16, FusedRowSyncOffset, "right after call[64 blocks]")
+	assert.LessOrEqual(t, FusedRowSyncOffset+4*MaxSplitRows, SignalBytes)
 }
