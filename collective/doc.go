@@ -31,10 +31,14 @@
 //
 // AllReduceResidualRMSNorm is the call that ends a tensor-parallel transformer layer:
 // ResidualOut = allreduce(In) + Residual and NormOut = RMSNorm(ResidualOut) * Gamma, in one
-// kernel (one-shot, or two-shot where each rank norms a band of whole rows), with the same
-// barriers, watchdog, registration, graphs and PDL as AllReduce. The sum makes no extra trip
-// through HBM and the layer pays one launch instead of two. The arithmetic order, and so every
-// rounding, is fixed (docs/kernel-abi.md); internal/ref reproduces it bit for bit.
+// kernel (push for the smallest calls, one-shot, or two-shot where each rank norms a band of
+// whole rows, picked by size and world size), with the same barriers, watchdog, registration,
+// graphs and PDL as AllReduce; plain and fused push calls share the push state and mix freely.
+// The sum makes no extra trip through HBM and the layer pays one launch instead of two. The
+// arithmetic order, and so every rounding, is fixed (docs/kernel-abi.md); internal/ref
+// reproduces it bit for bit. Where the kernels cannot take the call (past MaxBytes, a
+// communicator they cannot serve) NCCL does, as for AllReduce: NCCL's all-reduce, then the
+// residual add and RMSNorm of each rank in a second kernel.
 //
 // # Inputs and graphs
 //

@@ -13,7 +13,8 @@ import (
 // rank's device.
 type FusedArgs struct {
 	// NormOut receives ResidualOut * 1/sqrt(mean(ResidualOut^2) + Eps) * Gamma, row by row
-	// (Rows*Hidden elements). It must not overlap any other buffer. Unused with NoNorm.
+	// (Rows*Hidden elements). It must not overlap any other buffer. Unused with NoNorm (but
+	// see AllReduceResidualRMSNorm for NCCL's use of it).
 	NormOut driver.DevicePtr
 	// ResidualOut receives allreduce(In) + Residual (Rows*Hidden elements): the next
 	// layer's residual. It may be Residual itself (in place, the usual case) or In itself;
@@ -21,16 +22,18 @@ type FusedArgs struct {
 	ResidualOut driver.DevicePtr
 	// In is this rank's partial sum, the buffer that is all-reduced (Rows*Hidden elements).
 	// It is read by the peers like AllReduce's src: registered, or under Capture, it is read
-	// in place; otherwise it is first copied into the staging buffer. Registered buffers are
-	// matched across ranks as for AllReduce: when one rank passes a registered In, ResidualOut
-	// or NormOut, every rank passes its own counterpart, registered in the same order.
+	// in place; otherwise it is first copied into the staging buffer (Push reads it in place
+	// and sends it). Registered buffers are matched across ranks as for AllReduce: when one
+	// rank passes a registered In, ResidualOut or NormOut, every rank passes its own
+	// counterpart, registered in the same order. In is not written unless it is ResidualOut.
 	In driver.DevicePtr
 	// Residual is added to the all-reduced sum (Rows*Hidden elements).
 	Residual driver.DevicePtr
 	// Gamma is the norm's weight, one row (Hidden elements). Unused with NoNorm.
 	Gamma driver.DevicePtr
-	// Rows is the number of rows (tokens), at least 1, with Rows*Hidden elements at most
-	// Options.MaxBytes bytes.
+	// Rows is the number of rows (tokens), at least 1. goccl's kernels take Rows*Hidden
+	// elements up to Options.MaxBytes bytes (Push up to Options.PushMaxBytes); NCCL, where
+	// the communicator has it, takes larger calls.
 	Rows int
 	// Hidden is the number of elements per row: a multiple of ptx.HiddenMultiple in
 	// [ptx.MinHidden, ptx.MaxHidden].
@@ -45,34 +48,58 @@ type FusedArgs struct {
 
 // AllReduceResidualRMSNorm is the end of a tensor-parallel layer in one launch: ResidualOut
 // = allreduce(In) + Residual, and NormOut = RMSNorm(ResidualOut) * Gamma, row by row. The
-// all-reduce sums the ranks in the order AllReduce's OneShot or TwoShot does; the residual is
-// added in f32 and the sum rounded once (ResidualOut); the norm reads those rounded values
-// (internal/ref.Fused says exactly where every value is rounded, and reproduces the results
-// bit for bit). When every rank passes the same Residual and Gamma values (replicated, as
-// tensor parallelism has them), both outputs are bitwise identical on every rank.
+// all-reduce sums the ranks in the order AllReduce's kernel of the same algorithm does; the
+// residual is added in f32 and the sum rounded once (ResidualOut); the norm reads those
+// rounded values (internal/ref.Fused says exactly where every value is rounded, and
+// reproduces the results bit for bit). When every rank passes the same Residual and Gamma
+// values (replicated, as tensor parallelism has them), both outputs are bitwise identical on
+// every rank.
 //
 // Every rank must make the same call (same Rows, Hidden, DType, NoNorm) in the same order as
-// its other collective calls; a kernel that sees a peer make another records a KernelError
-// matching ErrCallMismatch. Arguments are checked as AllReduce checks them, before anything
-// is launched; a bad call returns an error wrapping ErrInvalidArgument.
+// its other collective calls; a kernel that sees a peer make another (a plain AllReduce
+// included) records a KernelError matching ErrCallMismatch. Arguments are checked as
+// AllReduce checks them, before anything is launched; a bad call returns an error wrapping
+// ErrInvalidArgument.
 //
-// The algorithm is OneShot for small messages and TwoShot (each rank reduces and norms its
-// band of rows, then every rank gathers the finished rows; when ResidualOut and NormOut are
-// both visible to the peers, registered with Register or under Capture, each rank writes its
-// finished rows straight into every rank's outputs instead) above, forced by Options.Algorithm
-// or GOCCL_ALGO where it names one of them. Push has no fused kernel: a communicator forced
-// to Push selects as Auto does. NCCL has none either: such calls are refused. The fused
-// kernels are JIT-compiled on first use of each (algorithm, element type).
+// Algorithms, chosen per call by size and world size (FusedSelected answers which):
+//   - Push for the smallest calls (up to 64 KiB at up to 4 ranks, 16 KiB above, and at most
+//     PushMaxBytes): every rank sends its rows into every rank's push receive buffer, as
+//     AllReduce's Push does, and reduces and norms every row itself, with no barrier and no
+//     staging copy. Small row counts are spread over several blocks per row. Plain and
+//     fused Push calls share the receive buffers and may follow each other in any order.
+//     Its sums are rank order with +0.0 sent as -0.0, as AllReduce's Push
+//     (internal/ref.FusedPush).
+//   - OneShot: every rank reduces every row (rank order) and norms it.
+//   - TwoShot, for larger calls: each rank reduces and norms its band of rows, then every
+//     rank gathers the finished rows; when ResidualOut and NormOut are both visible to the
+//     peers (registered with Register, or under Capture), each rank writes its finished rows
+//     straight into every rank's outputs instead.
+//   - NCCL, where goccl's kernels cannot take the call (past MaxBytes, or a communicator they
+//     cannot serve) and the communicator has NCCL, or where NCCL is forced: see below.
+//
+// Options.Algorithm (or GOCCL_ALGO) forces an algorithm as it does for AllReduce; a
+// communicator forced to Push takes the fused Push where the call fits PushMaxBytes and
+// selects as Auto otherwise. The fused kernels are JIT-compiled on first use of each
+// (algorithm, element type).
+//
+// Through NCCL the call is two steps on stream: NCCL's all-reduce of In into a sum buffer,
+// then the residual add and RMSNorm of this rank (ResidualRMSNorm's kernel) from that sum.
+// The sum buffer is ResidualOut when it is not Residual (out of place, or ResidualOut ==
+// In: the norm then reads and writes each element in one thread); else NormOut (each row's
+// sum is read whole before the row's NormOut is written); else, with NoNorm, the rank's
+// staging buffer, where goccl's kernels serve the communicator and the call fits MaxBytes.
+// A NoNorm call in place over Residual is refused otherwise: pass a ResidualOut of its own.
+// In is not written unless it is ResidualOut. NCCL sums in its own order and rounds the sum
+// to DType before the residual is added: results match the kernels' within rounding, not
+// bitwise, and are bitwise equal across ranks only as far as NCCL's all-reduce is.
 func (c *Comm) AllReduceResidualRMSNorm(stream *driver.Stream, a FusedArgs) error {
-	algo := c.opts.Algorithm
-	if algo == Push {
-		algo = Auto
-	}
-	return c.AllReduceResidualRMSNormWith(stream, a, algo)
+	return c.AllReduceResidualRMSNormWith(stream, a, Auto)
 }
 
 // AllReduceResidualRMSNormWith is AllReduceResidualRMSNorm with the algorithm chosen by the
-// caller for this call: Auto, OneShot or TwoShot. Every rank must pass the same algorithm. It
+// caller for this call: Auto (Options.Algorithm where set, else the selection), OneShot,
+// TwoShot, Push or NCCL. A kernel the call does not fit (Push past PushMaxBytes, TwoShot
+// without room for its bands) is refused. Every rank must pass the same algorithm. It
 // exists for benchmarks and tests; services use AllReduceResidualRMSNorm.
 func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, algo Algorithm) error {
 	c.mu.Lock()
@@ -92,6 +119,12 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 	}
 	if algo, err = c.routeFused(algo, a, nbytes, direct); err != nil {
 		return err
+	}
+	switch algo {
+	case NCCL:
+		return c.ncclFused(stream, a, nbytes)
+	case Push:
+		return c.fusedPush(stream, a)
 	}
 	kernel, _ := algo.kernel()
 	fn, err := c.kernels.fusedKernel(c.scope, kernel, a.DType)
@@ -133,16 +166,124 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 	args.U64(c.timeout)
 	args.Bytes(c.sig[:ws8], 8)
 	args.Bytes(c.tmp[:ws8], 8)
+	args.U32(c.fusedFlags(blocks, a.NoNorm))
+	args.U64(ptx.FusedCall(kernel, a.DType, a.Rows, a.Hidden, a.NoNorm).Fingerprint())
+	return c.launch(stream, fn, blocks, threads, args)
+}
+
+// fusedFlags are the p_flags of a fused launch of blocks blocks.
+func (c *Comm) fusedFlags(blocks int, noNorm bool) uint32 {
 	var flags uint32
 	if blocks <= c.earlyRoom {
 		flags |= ptx.FlagEarlyTrigger
 	}
-	if a.NoNorm {
+	if noNorm {
 		flags |= ptx.FlagNoNorm
 	}
-	args.U32(flags)
-	args.U64(ptx.FusedCall(kernel, a.DType, a.Rows, a.Hidden, a.NoNorm).Fingerprint())
+	return flags
+}
+
+// fusedPushMinThreads is the smallest block the fused push spreads a row over
+// (ptx.FusedPushPieces): two warps, as the plain push's smallest blocks (MinThreadsPerBlock).
+const fusedPushMinThreads = MinThreadsPerBlock
+
+// fusedPush launches the fused push kernel (ptx.FusedPushParams): push's fixed grid, whose
+// per-block parts it shares with AllReduce's Push, and each row spread over as many blocks
+// as ptx.FusedPushPieces gives. The scratch of spread rows is this rank's staging buffer,
+// which only this rank's own kernels write, and never while this one runs (the peers read it
+// only inside pull calls, which are complete before this kernel starts).
+func (c *Comm) fusedPush(stream *driver.Stream, a FusedArgs) error {
+	fn, err := c.kernels.fusedKernel(ptx.ScopeSystem, ptx.Push, a.DType)
+	if err != nil {
+		return c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
+	}
+	hvec := a.Hidden * a.DType.Size() / ptx.VectorBytes
+	blocks := c.pushBlocks
+	_, threads := ptx.FusedPushPieces(a.Rows, hvec, blocks, fusedPushMinThreads)
+	ws8 := 8 * c.size
+	args := &c.args
+	args.Reset()
+	args.Ptr(a.In)
+	args.Ptr(a.ResidualOut)
+	args.Ptr(a.NormOut)
+	args.Ptr(a.Residual)
+	args.Ptr(a.Gamma)
+	args.U32(uint32(a.Rows))
+	args.U32(uint32(hvec))
+	args.U32(uint32(c.rank))
+	args.U32(math.Float32bits(a.Eps))
+	args.Ptr(c.errRec.DevicePtr())
+	args.U64(c.timeout)
+	args.Bytes(c.sig[:ws8], 8)
+	args.Bytes(c.recv[:ws8], 8)
+	args.U64(c.layout.recvSlot)
+	args.Ptr(c.peers[c.rank].Ptr() + driver.DevicePtr(c.layout.staging))
+	args.U32(c.fusedFlags(blocks, a.NoNorm))
+	args.U64(ptx.FusedCall(ptx.Push, a.DType, a.Rows, a.Hidden, a.NoNorm).Fingerprint())
 	return c.launch(stream, fn, blocks, threads, args)
+}
+
+// ncclFused serves a fused call through NCCL (see AllReduceResidualRMSNorm): NCCL's
+// all-reduce of In into the sum buffer, then the single-rank residual add + RMSNorm kernel,
+// one block per row, reading the sum from there. What it cannot serve is refused before
+// anything is enqueued.
+func (c *Comm) ncclFused(stream *driver.Stream, a FusedArgs, nbytes int64) error {
+	var staging driver.DevicePtr
+	if c.custom && nbytes <= c.opts.MaxBytes {
+		// Only this rank's own kernels write its staging buffer, and the peers read it only
+		// inside pull calls, complete before this call's work starts on stream.
+		staging = c.peers[c.rank].Ptr() + driver.DevicePtr(c.layout.staging)
+	}
+	sum, err := ncclSumBuffer(a, staging)
+	if err != nil {
+		return err
+	}
+	fn, err := c.ncclNormKernel(a.DType)
+	if err != nil {
+		return err
+	}
+	if err := c.ncclAllReduce(stream, sum, a.In, a.Rows*a.Hidden, a.DType); err != nil {
+		return err
+	}
+	a.In = sum
+	return c.residualRMSNorm(stream, fn, a, a.Rows)
+}
+
+// ncclSumBuffer is where the NCCL route of a fused call leaves NCCL's sum, for the norm kernel
+// to read as its In: ResidualOut unless it is Residual (out of place, or ResidualOut == In:
+// the norm kernel reads each element of its In in the thread that then writes it to
+// ResidualOut), else NormOut (it overlaps nothing; the norm kernel reads a row's sum whole,
+// for the residual add, before its block writes the row's NormOut), else (NoNorm) staging,
+// if not 0. In itself is never the sum unless it is ResidualOut: it is the caller's.
+func ncclSumBuffer(a FusedArgs, staging driver.DevicePtr) (driver.DevicePtr, error) {
+	switch {
+	case a.ResidualOut != a.Residual:
+		return a.ResidualOut, nil
+	case !a.NoNorm:
+		return a.NormOut, nil
+	case staging != 0:
+		return staging, nil
+	}
+	return 0, invalid("NoNorm with ResidualOut == Residual through NCCL leaves no buffer for NCCL's sum (the staging buffer takes calls up to MaxBytes where goccl's kernels serve the communicator): pass a ResidualOut of its own, or In as ResidualOut")
+}
+
+// ncclNormKernel returns the single-rank residual add + RMSNorm kernel of dt for the NCCL
+// route: from the kernel set where the communicator has one, else straight from the
+// process's module cache (a communicator that NCCL alone serves loads no kernel set).
+func (c *Comm) ncclNormKernel(dt DType) (*driver.Function, error) {
+	if c.kernels != nil {
+		return c.normKernel(dt)
+	}
+	target, err := ptx.TargetFor(c.major, 0)
+	if err != nil {
+		return nil, fmt.Errorf("collective: rank %d: the residual add + RMSNorm after NCCL's all-reduce: %w", c.rank, err)
+	}
+	spec := ptx.NormSpec{DType: dt, Target: target}
+	m, _, err := modules.get(moduleKey{dev: c.dev, target: target, entry: spec.EntryName()}, spec.Generate)
+	if err != nil {
+		return nil, c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
+	}
+	return m.fn, nil
 }
 
 // fusedShape is the grid of a fused launch: one block per row (OneShot) or per row of the
@@ -156,11 +297,25 @@ func fusedShape(algo Algorithm, rows, rowVectors, worldSize, limit int) (blocks,
 	return max(1, min(limit, work)), ptx.FusedThreads(rowVectors)
 }
 
-// selectFused is the fused call's selection table: OneShot up to the plain all-reduce's
-// OneShot limit (direct: both outputs shared, so that TwoShot writes the finished rows
-// straight into them), TwoShot above, where every rank has at least one row of its own. The
-// thresholds are the plain kernels' until the fused ones are measured.
-func selectFused(major, worldSize, rows int, nbytes int64, direct, gpuScope bool) Algorithm {
+// fusedPushLimit is the selection table's bound for the fused Push among worldSize ranks, in
+// bytes of the call (the communicator's PushMaxBytes bounds it too): the plain all-reduce's
+// push limits (selectAlgorithm) until the fused kernels are measured.
+func fusedPushLimit(worldSize int) int64 {
+	if worldSize <= 4 {
+		return 64 << 10
+	}
+	return 16 << 10
+}
+
+// selectFused is the fused call's selection table: Push up to fusedPushLimit (and pushMax,
+// the communicator's PushMaxBytes), then OneShot up to the plain all-reduce's OneShot limit
+// (direct: both outputs shared, so that TwoShot writes the finished rows straight into them),
+// TwoShot above, where every rank has at least one row of its own. The thresholds are the
+// plain kernels' until the fused ones are measured.
+func selectFused(major, worldSize, rows int, nbytes, pushMax int64, direct, gpuScope bool) Algorithm {
+	if nbytes <= min(fusedPushLimit(worldSize), pushMax) {
+		return Push
+	}
 	if rows < worldSize {
 		return OneShot
 	}
@@ -168,33 +323,73 @@ func selectFused(major, worldSize, rows int, nbytes int64, direct, gpuScope bool
 	return selectAlgorithm(major, worldSize, nbytes, 0, direct, gpuScope)
 }
 
-// routeFused resolves the algorithm of a fused call and refuses what the fused kernels
-// cannot take; direct says that both outputs are shared (TwoShot then needs no tmp).
+// routeFused resolves the algorithm of a fused call and refuses what its engine cannot take;
+// direct says that both outputs are shared (TwoShot then needs no tmp). Auto is
+// Options.Algorithm where set (Push only where the call fits PushMaxBytes), else NCCL where
+// only NCCL can serve the call, else the selection table.
 func (c *Comm) routeFused(algo Algorithm, a FusedArgs, nbytes int64, direct bool) (Algorithm, error) {
-	switch {
-	case !c.custom:
-		return 0, invalid("the fused all-reduce + RMSNorm runs on goccl's kernels only, which cannot serve this communicator (%s)", c.noCustomWhy)
-	case nbytes > c.opts.MaxBytes:
-		return 0, invalid("%d rows of %d %v elements are %d bytes, more than MaxBytes (%d): raise Options.MaxBytes or split the rows", a.Rows, a.Hidden, a.DType, nbytes, c.opts.MaxBytes)
+	if algo == Auto {
+		algo = c.opts.Algorithm
+		if algo == Push && (!c.custom || nbytes > c.opts.PushMaxBytes) {
+			algo = Auto
+		}
 	}
 	rowBytes := int64(a.Hidden * a.DType.Size())
-	tmpFits := direct || ptx.FusedTmpBytes(c.size, a.Rows, rowBytes) <= int64(c.layout.recv-c.layout.tmp)
+	tmpFits := func() bool {
+		return direct || ptx.FusedTmpBytes(c.size, a.Rows, rowBytes) <= int64(c.layout.recv-c.layout.tmp)
+	}
 	switch algo {
 	case Auto:
-		algo = selectFused(c.major, c.size, a.Rows, nbytes, direct, c.scope == ptx.ScopeGPU)
-		if algo == TwoShot && !tmpFits {
+		if c.nccl != nil && (!c.custom || nbytes > c.opts.MaxBytes) {
+			return NCCL, nil
+		}
+		if err := c.fusedKernelsServe(a, nbytes); err != nil {
+			return 0, err
+		}
+		algo = selectFused(c.major, c.size, a.Rows, nbytes, c.opts.PushMaxBytes, direct, c.scope == ptx.ScopeGPU)
+		if algo == TwoShot && !tmpFits() {
 			algo = OneShot
 		}
-	case OneShot:
-	case TwoShot:
-		if !tmpFits {
+		return algo, nil
+	case NCCL:
+		if c.nccl == nil {
+			return 0, invalid("the call needs NCCL, which this communicator does not have: %s", c.ncclWhy)
+		}
+		return NCCL, nil
+	case OneShot, TwoShot, Push:
+		if err := c.fusedKernelsServe(a, nbytes); err != nil {
+			return 0, err
+		}
+		switch {
+		case algo == Push && nbytes > c.opts.PushMaxBytes:
+			// The kernel writes the whole call into every peer's receive slot.
+			return 0, invalid("%d rows of %d %v elements are %d bytes, more than PushMaxBytes (%d) for the Push algorithm: use Auto, or raise Options.PushMaxBytes", a.Rows, a.Hidden, a.DType, nbytes, c.opts.PushMaxBytes)
+		case algo == TwoShot && !tmpFits():
 			return 0, invalid("TwoShot needs %d bytes of tmp buffer for %d rows of %d bytes over %d ranks, the communicator has %d: use OneShot, or raise Options.MaxBytes",
 				ptx.FusedTmpBytes(c.size, a.Rows, rowBytes), a.Rows, rowBytes, c.size, c.layout.recv-c.layout.tmp)
 		}
-	default:
-		return 0, invalid("the fused all-reduce + RMSNorm has no %v kernel: use Auto, OneShot or TwoShot", algo)
+		return algo, nil
 	}
-	return algo, nil
+	return 0, invalid("unknown algorithm %v for the fused all-reduce + RMSNorm: use Auto, OneShot, TwoShot, Push or NCCL", algo)
+}
+
+// fusedKernelsServe refuses a fused call that goccl's kernels cannot take, saying what can.
+func (c *Comm) fusedKernelsServe(a FusedArgs, nbytes int64) error {
+	switch {
+	case !c.custom:
+		return invalid("the fused all-reduce + RMSNorm: goccl's kernels cannot serve this communicator (%s): %s", c.noCustomWhy, c.ncclAlternative())
+	case nbytes > c.opts.MaxBytes:
+		return invalid("%d rows of %d %v elements are %d bytes, more than MaxBytes (%d): raise Options.MaxBytes, split the rows, or %s", a.Rows, a.Hidden, a.DType, nbytes, c.opts.MaxBytes, c.ncclAlternative())
+	}
+	return nil
+}
+
+// ncclAlternative says how NCCL could take a fused call that the kernels cannot.
+func (c *Comm) ncclAlternative() string {
+	if c.nccl != nil {
+		return "use Auto or NCCL, which takes it"
+	}
+	return "make libnccl available so that NCCL takes it (" + c.ncclWhy + ")"
 }
 
 // validateFused checks a fused call's arguments and returns its size in bytes (of In, and of

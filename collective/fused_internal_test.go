@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goccl/goccl/driver"
 	"github.com/goccl/goccl/ptx"
 )
 
@@ -67,53 +68,179 @@ func TestValidateFused(t *testing.T) {
 	}
 }
 
-// TestRouteFused: the size limits and the algorithms the fused call has.
+// TestRouteFused: the size limits and the algorithms the fused call has, forced per call or by
+// Options.Algorithm, and NCCL where only it can take the call.
 func TestRouteFused(t *testing.T) {
-	o, err := Options{MaxBytes: 1 << 20}.withDefaults()
-	require.NoError(t, err)
-	c := &Comm{opts: o, size: 8, major: 9, custom: true}
-	c.layout = newArenaLayout(o, c.size)
-	a := FusedArgs{Rows: 64, Hidden: 8192, DType: BFloat16} // 1 MiB
-	algo, err := c.routeFused(Auto, a, 1<<20, false)
-	require.NoError(t, err)
-	assert.Equal(t, TwoShot, algo, "1 MiB over 8 ranks")
-	algo, err = c.routeFused(Auto, FusedArgs{Rows: 1, Hidden: 8192, DType: BFloat16}, 16<<10, false)
-	require.NoError(t, err)
-	assert.Equal(t, OneShot, algo, "one row")
-	for _, forced := range []Algorithm{OneShot, TwoShot} {
-		algo, err = c.routeFused(forced, a, 1<<20, false)
+	newComm := func(algo Algorithm, ws int, maxBytes int64) *Comm {
+		o, err := Options{MaxBytes: maxBytes, Algorithm: algo}.withDefaults()
 		require.NoError(t, err)
-		assert.Equal(t, forced, algo)
+		c := &Comm{opts: o, size: ws, major: 9, custom: true, ncclWhy: "no libnccl"}
+		c.layout = newArenaLayout(o, c.size)
+		return c
 	}
-	_, err = c.routeFused(Push, a, 1<<20, false)
+	rows := func(n int) (FusedArgs, int64) {
+		return FusedArgs{Rows: n, Hidden: 8192, DType: BFloat16}, int64(n) * 8192 * 2
+	}
+	route := func(c *Comm, algo Algorithm, n int, direct bool) (Algorithm, error) {
+		a, nbytes := rows(n)
+		return c.routeFused(algo, a, nbytes, direct)
+	}
+	c := newComm(Auto, 8, 1<<20)
+	for _, tc := range []struct {
+		c    *Comm
+		rows int
+		want Algorithm
+		what string
+	}{
+		{c, 64, TwoShot, "1 MiB over 8 ranks"},
+		{c, 1, Push, "16 KiB over 8 ranks"},
+		{c, 2, OneShot, "32 KiB over 8 ranks: past push's 16 KiB, fewer rows than ranks"},
+		{newComm(Auto, 4, 1<<20), 4, Push, "64 KiB over 4 ranks"},
+		{newComm(Auto, 4, 1<<20), 5, OneShot, "80 KiB over 4 ranks"},
+		{newComm(Auto, 2, 1<<20), 4, Push, "64 KiB over 2 ranks"},
+		// Options.Algorithm, for the call's Auto: push where it fits PushMaxBytes, else Auto
+		{newComm(Push, 8, 1<<20), 32, Push, "forced push, 512 KiB = PushMaxBytes"},
+		{newComm(Push, 8, 1<<20), 33, TwoShot, "forced push past PushMaxBytes selects as Auto"},
+		{newComm(OneShot, 8, 1<<20), 1, OneShot, "forced OneShot"},
+		{newComm(TwoShot, 8, 1<<20), 8, TwoShot, "forced TwoShot"},
+	} {
+		got, err := route(tc.c, Auto, tc.rows, false)
+		require.NoError(t, err, tc.what)
+		assert.Equal(t, tc.want, got, tc.what)
+	}
+	// a PushMaxBytes below the table's limit bounds Auto's push
+	o, err := Options{MaxBytes: 1 << 20, PushMaxBytes: 16 << 10}.withDefaults()
+	require.NoError(t, err)
+	small := &Comm{opts: o, size: 4, major: 9, custom: true, layout: newArenaLayout(o, 4)}
+	got, err := route(small, Auto, 2, false)
+	require.NoError(t, err)
+	assert.Equal(t, OneShot, got, "32 KiB past PushMaxBytes 16 KiB")
+
+	for _, forced := range []Algorithm{OneShot, TwoShot, Push} {
+		got, err := route(c, forced, 8, false)
+		require.NoError(t, err)
+		assert.Equal(t, forced, got)
+		got, err = route(newComm(OneShot, 8, 1<<20), forced, 8, false)
+		require.NoError(t, err)
+		assert.Equal(t, forced, got, "the call's choice wins over Options.Algorithm")
+	}
+	_, err = route(c, Push, 64, false)
 	assert.ErrorIs(t, err, ErrInvalidArgument)
-	assert.ErrorContains(t, err, "no push kernel")
-	_, err = c.routeFused(NCCL, a, 1<<20, false)
-	assert.ErrorContains(t, err, "no nccl kernel")
-	big := FusedArgs{Rows: 65, Hidden: 8192, DType: BFloat16}
-	_, err = c.routeFused(Auto, big, 65*16384, false)
+	assert.ErrorContains(t, err, "more than PushMaxBytes")
+	_, err = route(c, NCCL, 64, false)
+	assert.ErrorContains(t, err, "does not have: no libnccl")
+	_, err = route(newComm(NCCL, 8, 1<<20), Auto, 1, false)
+	assert.ErrorContains(t, err, "does not have", "NCCL forced by the options, but none")
+	_, err = route(c, Algorithm(9), 1, false)
+	assert.ErrorContains(t, err, "unknown algorithm")
+	_, err = route(c, Auto, 65, false)
 	assert.ErrorIs(t, err, ErrInvalidArgument)
 	assert.ErrorContains(t, err, "more than MaxBytes")
+	assert.ErrorContains(t, err, "no libnccl")
 	// 9 rows of 64 KiB (f32) over 8 ranks: a band of 2 rows does not fit a tmp of about
 	// MaxBytes/8: Auto takes OneShot, a forced TwoShot is refused.
 	odd := FusedArgs{Rows: 9, Hidden: 16384, DType: Float32}
 	nbytes := int64(9 * 16384 * 4)
-	c2 := &Comm{opts: o, size: 8, major: 9, custom: true}
-	o2, err := Options{MaxBytes: nbytes + 16}.withDefaults()
+	c2 := newComm(Auto, 8, nbytes+16)
+	got, err = c2.routeFused(Auto, odd, nbytes, false)
 	require.NoError(t, err)
-	c2.opts, c2.layout = o2, newArenaLayout(o2, 8)
-	algo, err = c2.routeFused(Auto, odd, nbytes, false)
-	require.NoError(t, err)
-	assert.Equal(t, OneShot, algo)
+	assert.Equal(t, OneShot, got)
 	_, err = c2.routeFused(TwoShot, odd, nbytes, false)
 	assert.ErrorContains(t, err, "tmp buffer")
 	// writing straight into shared outputs needs no tmp
-	algo, err = c2.routeFused(TwoShot, odd, nbytes, true)
+	got, err = c2.routeFused(TwoShot, odd, nbytes, true)
 	require.NoError(t, err)
-	assert.Equal(t, TwoShot, algo)
-	noKernels := &Comm{opts: o, size: 8, custom: false, noCustomWhy: "one rank"}
-	_, err = noKernels.routeFused(Auto, a, 1<<20, false)
+	assert.Equal(t, TwoShot, got)
+	noKernels := &Comm{opts: c.opts, size: 8, custom: false, noCustomWhy: "one rank", ncclWhy: "no libnccl"}
+	_, err = route(noKernels, Auto, 64, false)
 	assert.ErrorContains(t, err, "one rank")
+	assert.ErrorContains(t, err, "no libnccl")
+
+	// With NCCL: Auto takes it past MaxBytes and where the kernels cannot serve; forced
+	// kernels stay refused there (as AllReduce's), forced NCCL takes everything.
+	withNCCL := newComm(Auto, 8, 1<<20)
+	withNCCL.nccl = &ncclEngine{}
+	got, err = route(withNCCL, Auto, 65, false)
+	require.NoError(t, err)
+	assert.Equal(t, NCCL, got, "past MaxBytes")
+	got, err = route(withNCCL, Auto, 1, false)
+	require.NoError(t, err)
+	assert.Equal(t, Push, got, "the kernels where they can")
+	got, err = route(withNCCL, NCCL, 1, false)
+	require.NoError(t, err)
+	assert.Equal(t, NCCL, got)
+	_, err = route(withNCCL, OneShot, 65, false)
+	assert.ErrorContains(t, err, "use Auto or NCCL")
+	onlyNCCL := &Comm{opts: c.opts, size: 1, custom: false, noCustomWhy: "one rank", nccl: &ncclEngine{}}
+	for _, n := range []int{1, 65, 4096} {
+		got, err = route(onlyNCCL, Auto, n, false)
+		require.NoError(t, err)
+		assert.Equal(t, NCCL, got, "%d rows on a communicator that NCCL alone serves", n)
+	}
+	_, err = route(onlyNCCL, TwoShot, 1, false)
+	assert.ErrorContains(t, err, "one rank")
+	forcedPush := newComm(Push, 8, 1<<20)
+	forcedPush.custom, forcedPush.nccl = false, &ncclEngine{}
+	got, err = route(forcedPush, Auto, 1, false)
+	require.NoError(t, err)
+	assert.Equal(t, NCCL, got, "forced push without kernels selects as Auto")
+}
+
+// TestSelectFused: the fused table's push bound per world size (one place: fusedPushLimit),
+// then rows < ranks one-shot, then the plain table.
+func TestSelectFused(t *testing.T) {
+	for _, ws := range []int{2, 3, 4, 5, 8, 16} {
+		limit := fusedPushLimit(ws)
+		assert.Equal(t, Push, selectFused(9, ws, 1, limit, 1<<20, false, true), "ws %d at the limit", ws)
+		assert.Equal(t, OneShot, selectFused(9, ws, 1, limit+16, 1<<20, false, true), "ws %d past it", ws)
+		assert.Equal(t, OneShot, selectFused(9, ws, 1, limit, limit-16, false, true), "ws %d past PushMaxBytes", ws)
+	}
+	assert.Equal(t, int64(64<<10), fusedPushLimit(4))
+	assert.Equal(t, int64(16<<10), fusedPushLimit(8))
+	assert.Equal(t, TwoShot, selectFused(9, 8, 64, 1<<20, 512<<10, false, true))
+}
+
+// TestNCCLSumBuffer: where the NCCL route leaves NCCL's sum for every aliasing the call allows,
+// never the caller's In unless it is ResidualOut.
+func TestNCCLSumBuffer(t *testing.T) {
+	const in, res, out, norm, staging = 0x1000, 0x2000, 0x3000, 0x4000, 0x9000
+	a := FusedArgs{In: in, Residual: res, ResidualOut: out, NormOut: norm}
+	for _, tc := range []struct {
+		what    string
+		f       func(a *FusedArgs)
+		staging driver.DevicePtr
+		want    driver.DevicePtr
+	}{
+		{"out of place", func(a *FusedArgs) {}, 0, out},
+		{"out of place, NoNorm", func(a *FusedArgs) { a.NoNorm = true }, 0, out},
+		{"in place over Residual", func(a *FusedArgs) { a.ResidualOut = res }, staging, norm},
+		{"ResidualOut is In", func(a *FusedArgs) { a.ResidualOut = in }, 0, in},
+		{"ResidualOut is In is Residual", func(a *FusedArgs) { a.ResidualOut, a.Residual = in, in }, 0, norm},
+		{"in place over Residual, NoNorm", func(a *FusedArgs) { a.ResidualOut, a.NoNorm = res, true }, staging, staging},
+	} {
+		b := a
+		tc.f(&b)
+		got, err := ncclSumBuffer(b, tc.staging)
+		require.NoError(t, err, tc.what)
+		assert.Equal(t, tc.want, got, tc.what)
+	}
+	_, err := ncclSumBuffer(FusedArgs{In: in, Residual: res, ResidualOut: res, NoNorm: true}, 0)
+	assert.ErrorIs(t, err, ErrInvalidArgument)
+	assert.ErrorContains(t, err, "pass a ResidualOut of its own")
+}
+
+// TestFusedPushShape: the fused push launches the communicator's push grid, its blocks a
+// divisor of the row's threads (ptx.FusedPushPieces), never fewer than fusedPushMinThreads.
+func TestFusedPushShape(t *testing.T) {
+	for _, rows := range []int{1, 2, 3, 7, 8, 16, 32} {
+		for _, hidden := range []int{2048, 2056, 5120, 8192, 16384} {
+			hvec := hidden * 2 / 16
+			pieces, threads := ptx.FusedPushPieces(rows, hvec, DefaultPushBlocks, fusedPushMinThreads)
+			assert.Equal(t, ptx.FusedThreads(hvec), pieces*threads)
+			assert.GreaterOrEqual(t, threads, fusedPushMinThreads)
+			assert.LessOrEqual(t, rows*pieces, max(rows, DefaultPushBlocks))
+		}
+	}
 }
 
 // TestFusedShape: one block per row (per row of the largest band), at most limit.

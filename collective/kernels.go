@@ -59,7 +59,7 @@ type kernelSet struct {
 	// fused holds the fused all-reduce + RMSNorm kernels loaded so far (guarded by
 	// kernelCache.mu): fusedKernel loads each on its first use, so that communicators that
 	// never call AllReduceResidualRMSNorm pay no JIT for them.
-	fused [ptx.ScopeGPU + 1][ptx.TwoShot + 1][dtype.BFloat16 + 1]*driver.Function
+	fused [ptx.ScopeGPU + 1][ptx.Push + 1][dtype.BFloat16 + 1]*driver.Function
 	// norm holds the single-rank residual add + RMSNorm kernels loaded so far (guarded by
 	// kernelCache.mu), one per element type: normKernel loads each on its first use.
 	norm [dtype.BFloat16 + 1]*driver.Function

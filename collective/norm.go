@@ -45,11 +45,19 @@ func (c *Comm) ResidualRMSNorm(stream *driver.Stream, a FusedArgs) error {
 	if err != nil {
 		return err
 	}
-	hvec := a.Hidden * a.DType.Size() / ptx.VectorBytes
 	// One block per row, at most the communicator's block limit: with PDL the blocks may
 	// become resident while the all-reduce before them still waits for its peers, and the
 	// limit is what the ranks sharing a GPU sized their grids for (ptx.EarlyTriggerRoom).
-	blocks, threads := fusedShape(OneShot, a.Rows, hvec, 1, c.blocks)
+	return c.residualRMSNorm(stream, fn, a, c.blocks)
+}
+
+// residualRMSNorm enqueues the single-rank kernel fn over a, one block per row, at most limit
+// blocks: ResidualRMSNorm without the lock and the checks, for callers that made them. The
+// kernel reads each row's In and Residual whole before its block writes the row's NormOut, so
+// a.In may also be a.NormOut (the fused call's NCCL route leaves its sum there).
+func (c *Comm) residualRMSNorm(stream *driver.Stream, fn *driver.Function, a FusedArgs, limit int) error {
+	hvec := a.Hidden * a.DType.Size() / ptx.VectorBytes
+	blocks, threads := fusedShape(OneShot, a.Rows, hvec, 1, limit)
 	var flags uint32
 	if a.NoNorm {
 		flags |= ptx.FlagNoNorm
@@ -116,23 +124,22 @@ func (ks *kernelSet) normKernel(dt dtype.DType) (*driver.Function, error) {
 }
 
 // FusedSelected returns the algorithm that AllReduceResidualRMSNorm picks for rows rows of
-// hidden elements of dt: the forced one (Options.Algorithm or GOCCL_ALGO, Push counting as
-// Auto), else the fused selection table's. sharedOutputs says whether both ResidualOut and
-// NormOut are visible to the peers (registered with Register, or the call is captured by
-// Capture): TwoShot then writes the finished rows straight into them, and needs no tmp
-// buffer. The error is the one the call would return for a shape that the communicator
-// cannot take (no kernels, past MaxBytes, a forced algorithm without a fused kernel); the
-// finer checks of the call (hidden size, rows, pointers) are not made.
+// hidden elements of dt: the forced one (Options.Algorithm or GOCCL_ALGO; Push only where
+// the call fits PushMaxBytes, else as Auto), NCCL where goccl's kernels cannot serve the call
+// (past MaxBytes, or a communicator they cannot serve) and NCCL is available, else the fused
+// selection table's kernel. sharedOutputs says whether both ResidualOut and NormOut are
+// visible to the peers (registered with Register, or the call is captured by Capture):
+// TwoShot then writes the finished rows straight into them, and needs no tmp buffer. The
+// error is the one the call would return for a shape that the communicator cannot take (no
+// engine, past MaxBytes without NCCL, a forced kernel the call does not fit); the finer
+// checks of the call (hidden size, rows, pointers, NCCL's buffer for a NoNorm call) are not
+// made.
 func (c *Comm) FusedSelected(rows, hidden int, dt DType, sharedOutputs bool) (Algorithm, error) {
 	if !dt.Valid() || rows < 1 || hidden < 1 {
 		return 0, invalid("fused selection for %d rows of %d %v elements: need a valid element type and at least one row of one element", rows, hidden, dt)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	algo := c.opts.Algorithm
-	if algo == Push {
-		algo = Auto
-	}
 	a := FusedArgs{Rows: rows, Hidden: hidden, DType: dt}
-	return c.routeFused(algo, a, int64(rows)*int64(hidden)*int64(dt.Size()), sharedOutputs)
+	return c.routeFused(Auto, a, int64(rows)*int64(hidden)*int64(dt.Size()), sharedOutputs)
 }

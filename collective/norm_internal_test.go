@@ -67,7 +67,7 @@ func TestNormKernelWithoutKernels(t *testing.T) {
 }
 
 // TestFusedSelected answers as the fused call routes: the table, the forced algorithms (Push
-// as Auto), and the refusals of routeFused.
+// as Auto past PushMaxBytes), and the refusals of routeFused.
 func TestFusedSelected(t *testing.T) {
 	newComm := func(algo Algorithm, custom bool) *Comm {
 		o, err := Options{MaxBytes: 1 << 20, Algorithm: algo}.withDefaults()
@@ -82,7 +82,7 @@ func TestFusedSelected(t *testing.T) {
 		shared bool
 		want   Algorithm
 	}{
-		{1, false, OneShot},
+		{1, false, Push},   // 16 KiB over 8 ranks
 		{7, true, OneShot}, // fewer rows than ranks
 		{8, false, OneShot},
 		{64, false, TwoShot}, // 1 MiB over 8 ranks
@@ -97,7 +97,7 @@ func TestFusedSelected(t *testing.T) {
 	}
 	got, err := newComm(Push, true).FusedSelected(64, 8192, BFloat16, false)
 	require.NoError(t, err)
-	assert.Equal(t, TwoShot, got, "a communicator forced to Push selects as Auto")
+	assert.Equal(t, TwoShot, got, "a communicator forced to Push selects as Auto past PushMaxBytes")
 	got, err = newComm(OneShot, true).FusedSelected(64, 8192, BFloat16, false)
 	require.NoError(t, err)
 	assert.Equal(t, OneShot, got)
