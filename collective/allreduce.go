@@ -71,11 +71,11 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 	var buf *[8 * ptx.MaxRanks]byte
 	var slot uint64
 	var flags uint32
+	var staged bool
 	switch algo {
 	case Push:
 		inputs, buf, slot = src, &c.recv, c.layout.recvSlot
 	default:
-		var staged bool
 		if inputs, staged, err = c.inputSlot(algo, dst, src, uint64(nbytes)); err != nil {
 			return err
 		}
@@ -119,7 +119,10 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 	}
 	a.U32(flags)
 	a.U32(tail)
-	a.U64(ptx.Call{Op: ptx.OpAllReduce, Algo: kernel, DType: dt, Count: uint64(count)}.Fingerprint())
+	// Staged is part of the call: every rank must read its peers' inputs through the same
+	// table slot, and a rank that stages (slot 0) beside one reading its registered input in
+	// place would read stale data; the kernels then report ErrCallMismatch.
+	a.U64(ptx.Call{Op: ptx.OpAllReduce, Algo: kernel, DType: dt, Count: uint64(count), Staged: staged}.Fingerprint())
 	return c.launch(stream, c.kernels.fn[c.scope][kernel][dt], blocks, threads, a)
 }
 

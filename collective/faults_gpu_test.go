@@ -224,6 +224,51 @@ func TestCallMismatch(t *testing.T) {
 	}
 }
 
+// TestStagingMismatch: with registered inputs, a rank whose call is in place reads its peers'
+// inputs through the staging buffers while a rank whose call is out of place reads them in
+// place; the kernels see the two calls differ and report ErrCallMismatch instead of summing
+// stale data, for OneShot and TwoShot (whose in-place call reads in place, so it is the
+// unregistered rank 0 that stages there).
+func TestStagingMismatch(t *testing.T) {
+	requireGPU(t)
+	for _, algo := range []collective.Algorithm{collective.OneShot, collective.TwoShot} {
+		t.Run(algo.String(), func(t *testing.T) {
+			const ws, count = 3, 4096
+			timeout := 3 * time.Second
+			g := newGroup(t, virtualRanks(ws), collective.Options{Algorithm: algo, Timeout: timeout}, 1<<20)
+			g.parallel(func(rb *rankBufs) error {
+				_, err := rb.comm.Register(context.Background(), rb.in, rb.capacity)
+				return err
+			})
+			start := time.Now()
+			for r, rb := range g.ranks {
+				dst := rb.out
+				if r == 0 && algo == collective.OneShot {
+					dst = rb.in // in place: staged
+				}
+				src := rb.in
+				if r == 0 && algo == collective.TwoShot {
+					src = rb.out // not registered: staged
+				}
+				require.NoError(t, rb.comm.AllReduce(rb.stream, dst, src, count, dtype.BFloat16))
+			}
+			wctx, cancel := context.WithTimeout(context.Background(), 4*timeout)
+			defer cancel()
+			for r, rb := range g.ranks {
+				require.NoError(t, rb.stream.Wait(wctx), "rank %d", r)
+			}
+			err := g.ranks[0].comm.Err()
+			require.ErrorIs(t, err, collective.ErrCallMismatch, "rank 0 (after %v)", time.Since(start))
+			var ke *collective.KernelError
+			require.ErrorAs(t, err, &ke)
+			assert.True(t, ke.Mine.Staged)
+			assert.False(t, ke.Theirs.Staged)
+			assert.Less(t, time.Since(start), timeout, "the mismatch should be reported at once")
+			t.Logf("rank 0: %v", err)
+		})
+	}
+}
+
 // TestAnyCount: every element count is reduced exactly, for every algorithm and element type,
 // and nothing after the last element of dst is written.
 func TestAnyCount(t *testing.T) {

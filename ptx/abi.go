@@ -251,23 +251,33 @@ type Call struct {
 	DType dtype.DType
 	// Count is the number of elements; the fingerprint keeps its low 40 bits.
 	Count uint64
+	// Staged says that the rank's input is read through the staging buffer (table slot 0),
+	// not in place from a registered buffer. Ranks must agree: a rank reading its peers'
+	// staging buffers while a peer reads its registered input in place (registered src in
+	// place on one rank, out of place on another) would read stale or changing data.
+	Staged bool
 }
 
 // Fingerprint packs the call into 64 bits: Count in bits 0..39, DType in 40..47, Algo in
-// 48..55, Op in 56..63. Two calls whose fields fit these widths have equal fingerprints
-// exactly when they are equal; a fingerprint is never 0 when Op is not.
+// 48..54, Staged in 55, Op in 56..63. Two calls whose fields fit these widths have equal
+// fingerprints exactly when they are equal; a fingerprint is never 0 when Op is not.
 func (c Call) Fingerprint() uint64 {
-	return c.Count&(1<<40-1) | uint64(uint8(c.DType))<<40 | uint64(uint8(c.Algo))<<48 | uint64(c.Op)<<56
+	var staged uint64
+	if c.Staged {
+		staged = 1
+	}
+	return c.Count&(1<<40-1) | uint64(uint8(c.DType))<<40 | uint64(uint8(c.Algo)&0x7F)<<48 | staged<<55 | uint64(c.Op)<<56
 }
 
 // DecodeCall unpacks a fingerprint (the inverse of Fingerprint for calls whose fields fit).
 // Zero gives the zero Call, whose String is "no call".
 func DecodeCall(fp uint64) Call {
 	return Call{
-		Op:    CallOp(fp >> 56),
-		Algo:  Algorithm(uint8(fp >> 48)),
-		DType: dtype.DType(uint8(fp >> 40)),
-		Count: fp & (1<<40 - 1),
+		Op:     CallOp(fp >> 56),
+		Algo:   Algorithm(uint8(fp>>48) & 0x7F),
+		DType:  dtype.DType(uint8(fp >> 40)),
+		Count:  fp & (1<<40 - 1),
+		Staged: fp>>55&1 == 1,
 	}
 }
 
@@ -283,6 +293,9 @@ func (c Call) String() string {
 	unit := "elements"
 	if c.Count == 1 {
 		unit = "element"
+	}
+	if c.Staged {
+		return fmt.Sprintf("%v of %d %v %s (%v, input through the staging buffer)", c.Op, c.Count, c.DType, unit, c.Algo)
 	}
 	return fmt.Sprintf("%v of %d %v %s (%v)", c.Op, c.Count, c.DType, unit, c.Algo)
 }

@@ -20,28 +20,31 @@ func TestCallFingerprint(t *testing.T) {
 	assert.Equal(t, uint64(1)<<56|uint64(TwoShot)<<48|uint64(dtype.BFloat16)<<40|1024, fp)
 	assert.Equal(t, c, DecodeCall(fp))
 	assert.Equal(t, "all-reduce of 1024 bf16 elements (twoshot)", c.String())
-	assert.Equal(t, "all-reduce of 1 f32 element (push)", Call{OpAllReduce, Push, dtype.Float32, 1}.String())
+	assert.Equal(t, "all-reduce of 1 f32 element (push)", Call{OpAllReduce, Push, dtype.Float32, 1, false}.String())
+	assert.Equal(t, "all-reduce of 7 f16 elements (oneshot, input through the staging buffer)", Call{OpAllReduce, OneShot, dtype.Float16, 7, true}.String())
 	assert.Equal(t, "no call", DecodeCall(0).String())
-	assert.Equal(t, "op(9) of 3 f16 elements (oneshot)", Call{9, OneShot, dtype.Float16, 3}.String())
+	assert.Equal(t, "op(9) of 3 f16 elements (oneshot)", Call{9, OneShot, dtype.Float16, 3, false}.String())
 
 	// every field change changes the fingerprint, and no all-reduce fingerprint is 0
 	seen := map[uint64]Call{}
 	for _, algo := range Algorithms {
 		for _, dt := range dtype.All {
 			for _, n := range []uint64{0, 1, 2, 1023, 1024, 1 << 32, 1<<40 - 1} {
-				c := Call{OpAllReduce, algo, dt, n}
-				fp := c.Fingerprint()
-				require.NotZero(t, fp)
-				require.Equal(t, c, DecodeCall(fp))
-				if other, dup := seen[fp]; dup {
-					t.Fatalf("%v and %v share fingerprint %#x", c, other, fp)
+				for _, staged := range []bool{false, true} {
+					c := Call{OpAllReduce, algo, dt, n, staged}
+					fp := c.Fingerprint()
+					require.NotZero(t, fp)
+					require.Equal(t, c, DecodeCall(fp))
+					if other, dup := seen[fp]; dup {
+						t.Fatalf("%v and %v share fingerprint %#x", c, other, fp)
+					}
+					seen[fp] = c
 				}
-				seen[fp] = c
 			}
 		}
 	}
 	// counts beyond 40 bits keep their low bits
-	assert.Equal(t, uint64(5), DecodeCall(Call{OpAllReduce, Push, dtype.Float32, 1<<40 + 5}.Fingerprint()).Count)
+	assert.Equal(t, uint64(5), DecodeCall(Call{OpAllReduce, Push, dtype.Float32, 1<<40 + 5, false}.Fingerprint()).Count)
 }
 
 func TestErrCodeAndPhaseStrings(t *testing.T) {
@@ -93,13 +96,15 @@ func callCheck(loaded, expected [4]uint32) callVerdict {
 // earlier round (or a torn mix of two writes) are never taken for a call, and the same round
 // with another call is always a mismatch.
 func TestCallWords(t *testing.T) {
-	mine := Call{OpAllReduce, OneShot, dtype.BFloat16, 1000}.Fingerprint()
+	mine := Call{OpAllReduce, OneShot, dtype.BFloat16, 1000, false}.Fingerprint()
 	calls := []uint64{
 		mine,
-		Call{OpAllReduce, OneShot, dtype.BFloat16, 1001}.Fingerprint(),
-		Call{OpAllReduce, OneShot, dtype.Float16, 1000}.Fingerprint(),
-		Call{OpAllReduce, TwoShot, dtype.BFloat16, 1000}.Fingerprint(),
-		Call{OpAllReduce, OneShot, dtype.BFloat16, 1000 + 1<<20}.Fingerprint(),
+		Call{OpAllReduce, OneShot, dtype.BFloat16, 1001, false}.Fingerprint(),
+		Call{OpAllReduce, OneShot, dtype.Float16, 1000, false}.Fingerprint(),
+		Call{OpAllReduce, TwoShot, dtype.BFloat16, 1000, false}.Fingerprint(),
+		Call{OpAllReduce, OneShot, dtype.BFloat16, 1000 + 1<<20, false}.Fingerprint(),
+		// the same call, its input read through the staging buffer
+		Call{OpAllReduce, OneShot, dtype.BFloat16, 1000, true}.Fingerprint(),
 	}
 	for _, round := range []uint32{1, 2, 3, 0xFFFF, 0x10000, 0x10001, 0xFFFFFFFF} {
 		want := CallWords(mine, uint16(round))
