@@ -95,12 +95,14 @@ func TestRouteFused(t *testing.T) {
 		{c, 64, TwoShot, "1 MiB over 8 ranks"},
 		{c, 1, Push, "16 KiB over 8 ranks"},
 		{c, 2, OneShot, "32 KiB over 8 ranks: past push's 16 KiB, fewer rows than ranks"},
+		{c, 63, OneShot, "63 rows over 8 ranks: fewer than fusedTwoShotRowsPerRank a rank"},
 		{newComm(Auto, 4, 1<<20), 4, Push, "64 KiB over 4 ranks"},
 		{newComm(Auto, 4, 1<<20), 5, OneShot, "80 KiB over 4 ranks"},
 		{newComm(Auto, 2, 1<<20), 4, Push, "64 KiB over 2 ranks"},
 		// Options.Algorithm, for the call's Auto: push where it fits PushMaxBytes, else Auto
 		{newComm(Push, 8, 1<<20), 32, Push, "forced push, 512 KiB = PushMaxBytes"},
-		{newComm(Push, 8, 1<<20), 33, TwoShot, "forced push past PushMaxBytes selects as Auto"},
+		{newComm(Push, 8, 1<<20), 33, OneShot, "forced push past PushMaxBytes selects as Auto"},
+		{newComm(Push, 8, 1<<20), 64, TwoShot, "forced push past PushMaxBytes selects as Auto, 8 rows a rank"},
 		{newComm(OneShot, 8, 1<<20), 1, OneShot, "forced OneShot"},
 		{newComm(TwoShot, 8, 1<<20), 8, TwoShot, "forced TwoShot"},
 	} {

@@ -262,20 +262,20 @@ func TestDeriveSectionKeepsNearChoices(t *testing.T) {
 		return tuneSample{tuneCase: tuneCase{modeGraph, algo, n}, Blocks: blocks, Time: time.Duration(ns)}
 	}
 	samples := []tuneSample{
-		// 64K: the built-in oneshot with 36 blocks is 1% slower than 48 blocks: it stays.
-		s(64<<10, collective.OneShot, 36, 1010), s(64<<10, collective.OneShot, 48, 1000), s(64<<10, collective.TwoShot, 36, 2000),
+		// 64K: the built-in oneshot with 64 blocks is 1% slower than 48 blocks: it stays.
+		s(64<<10, collective.OneShot, 64, 1010), s(64<<10, collective.OneShot, 48, 1000), s(64<<10, collective.TwoShot, 64, 2000),
 		// 128K: 48 blocks 5% faster: it wins.
-		s(128<<10, collective.OneShot, 36, 1050), s(128<<10, collective.OneShot, 48, 1000), s(128<<10, collective.TwoShot, 36, 2000),
+		s(128<<10, collective.OneShot, 64, 1050), s(128<<10, collective.OneShot, 48, 1000), s(128<<10, collective.TwoShot, 64, 2000),
 		// 256K: twoshot 3% faster, but oneshot 48 on both sides and within 2x the tolerance.
-		s(256<<10, collective.OneShot, 36, 1100), s(256<<10, collective.OneShot, 48, 1030), s(256<<10, collective.TwoShot, 36, 1000),
+		s(256<<10, collective.OneShot, 64, 1100), s(256<<10, collective.OneShot, 48, 1030), s(256<<10, collective.TwoShot, 64, 1000),
 		// 512K: oneshot 48 again.
-		s(512<<10, collective.OneShot, 36, 1100), s(512<<10, collective.OneShot, 48, 1000), s(512<<10, collective.TwoShot, 36, 1050),
+		s(512<<10, collective.OneShot, 64, 1100), s(512<<10, collective.OneShot, 48, 1000), s(512<<10, collective.TwoShot, 64, 1050),
 	}
 	builtin := func(tuneMode, int64) collective.Algorithm { return collective.OneShot }
 	sec, rows := deriveSection(target, samples, sizes, builtin)
 	require.Len(t, sec.Entries, 1, "only graphs were measured")
 	assert.Equal(t, []collective.TuneBand{
-		{UpTo: 64 << 10, Algorithm: "oneshot", Blocks: 36},
+		{UpTo: 64 << 10, Algorithm: "oneshot", Blocks: 64},
 		{Algorithm: "oneshot", Blocks: 48},
 	}, sec.Entries[0].Bands)
 	assert.Equal(t, 16, sec.PushBlocks, "no push measured: the communicator's grid")
