@@ -39,6 +39,9 @@ type Comm struct {
 	pushBlocks int       // block count of every Push launch
 	allLocal   bool      // every rank lives in this process
 	sharedGPU  bool      // some ranks of this process share a GPU (virtual ranks)
+	// blocksPerSM is the least occupancy of the plain kernels over the ranks, and ranksOnGPU
+	// the most ranks on one GPU: what the grids were capped with (blockCap).
+	blocksPerSM, ranksOnGPU int
 
 	layout  arenaLayout
 	arena   *memory.Buffer
@@ -414,6 +417,7 @@ func (c *Comm) initCustom(ctx context.Context, infos []rankInfo, fd int) error {
 	}
 	maxOnGPU := ranksPerGPU(infos)
 	c.sharedGPU = c.allLocal && maxOnGPU > 1
+	c.blocksPerSM, c.ranksOnGPU = blocksPerSM, maxOnGPU
 	c.blocks = blockCap(c.opts.Blocks, smsOnGPU, blocksPerSM, maxOnGPU)
 	c.pushBlocks = blockCap(c.opts.PushBlocks, smsOnGPU, blocksPerSM, maxOnGPU)
 	c.adoptTuning(infos, smsOnGPU, blocksPerSM, maxOnGPU)

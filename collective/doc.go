@@ -31,9 +31,8 @@
 //
 // AllReduceResidualRMSNorm is the call that ends a tensor-parallel transformer layer:
 // ResidualOut = allreduce(In) + Residual and NormOut = RMSNorm(ResidualOut) * Gamma, in one
-// kernel (push for the smallest calls, one-shot, or two-shot where each rank norms a band of
-// whole rows, picked by size and world size), with the same barriers, watchdog, registration,
-// graphs and PDL as AllReduce; plain and fused push calls share the push state and mix freely.
+// kernel (one-shot, or two-shot where each rank norms a band of whole rows, picked by rows and
+// world size), with the same barriers, watchdog, registration, graphs and PDL as AllReduce.
 // The sum makes no extra trip through HBM and the layer pays one launch instead of two. The
 // arithmetic order, and so every rounding, is fixed (docs/kernel-abi.md); internal/ref
 // reproduces it bit for bit. Where the kernels cannot take the call (past MaxBytes, a
@@ -43,9 +42,14 @@
 // # Inputs and graphs
 //
 // OneShot and TwoShot read the peers' inputs directly, so the input must be in memory the
-// peers have mapped. An eager call copies src into the rank's staging buffer first. Register
-// shares a user buffer once so calls that read from it skip the copy (and TwoShot calls that
-// write into it write every rank's output directly); Release the Registration before freeing
+// peers have mapped. An eager call copies src into the rank's staging buffer first (OneShot's
+// kernel makes the copy itself, before its entry barrier; TwoShot and the fused kernels are
+// preceded by a device-to-device copy). Register shares a user buffer once so calls that read
+// from it skip the copy (and TwoShot calls that write into it write every rank's output
+// directly); an in-place OneShot still goes through the staging buffer, since it overwrites
+// its input while the peers read it. Every rank must then read its peers the same way: a
+// registered input read in place on one rank beside a staged one on another is reported as
+// ErrCallMismatch. Release the Registration before freeing
 // the buffer. Capture records all-reduces into a CUDA graph and exchanges the captured buffers
 // afterwards; a buffer used by many calls of one capture takes one registration slot, and
 // closing the Graph gives its slots back, so an engine can capture one graph per batch size and

@@ -22,8 +22,7 @@ type FusedArgs struct {
 	ResidualOut driver.DevicePtr
 	// In is this rank's partial sum, the buffer that is all-reduced (Rows*Hidden elements).
 	// It is read by the peers like AllReduce's src: registered, or under Capture, it is read
-	// in place; otherwise it is first copied into the staging buffer (Push reads it in place
-	// and sends it). Registered buffers are matched across ranks as for AllReduce: when one
+	// in place; otherwise it is first copied into the staging buffer. Registered buffers are matched across ranks as for AllReduce: when one
 	// rank passes a registered In, ResidualOut or NormOut, every rank passes its own
 	// counterpart, registered in the same order. In is not written unless it is ResidualOut.
 	In driver.DevicePtr
@@ -32,7 +31,7 @@ type FusedArgs struct {
 	// Gamma is the norm's weight, one row (Hidden elements). Unused with NoNorm.
 	Gamma driver.DevicePtr
 	// Rows is the number of rows (tokens), at least 1. goccl's kernels take Rows*Hidden
-	// elements up to Options.MaxBytes bytes (Push up to Options.PushMaxBytes); NCCL, where
+	// elements up to Options.MaxBytes bytes; NCCL, where
 	// the communicator has it, takes larger calls.
 	Rows int
 	// Hidden is the number of elements per row: a multiple of ptx.HiddenMultiple in
@@ -62,15 +61,9 @@ type FusedArgs struct {
 // ErrInvalidArgument.
 //
 // Algorithms, chosen per call by size and world size (FusedSelected answers which):
-//   - Push for the smallest calls (up to 64 KiB at up to 4 ranks, 16 KiB above, and at most
-//     PushMaxBytes): every rank sends its rows into every rank's push receive buffer, as
-//     AllReduce's Push does, and reduces and norms every row itself, with no barrier and no
-//     staging copy. Small row counts are spread over several blocks per row. Plain and
-//     fused Push calls share the receive buffers and may follow each other in any order.
-//     Its sums are rank order with +0.0 sent as -0.0, as AllReduce's Push
-//     (internal/ref.FusedPush).
 //   - OneShot: every rank reduces every row (rank order) and norms it.
-//   - TwoShot, for larger calls: each rank reduces and norms its band of rows, then every
+//   - TwoShot, from 8 rows a rank on, where the plain all-reduce would take it: each rank
+//     reduces and norms its band of rows, then every
 //     rank gathers the finished rows; when ResidualOut and NormOut are both visible to the
 //     peers (registered with Register, or under Capture), each rank writes its finished rows
 //     straight into every rank's outputs instead.
@@ -78,9 +71,11 @@ type FusedArgs struct {
 //     cannot serve) and the communicator has NCCL, or where NCCL is forced: see below.
 //
 // Options.Algorithm (or GOCCL_ALGO) forces an algorithm as it does for AllReduce; a
-// communicator forced to Push takes the fused Push where the call fits PushMaxBytes and
-// selects as Auto otherwise. The fused kernels are JIT-compiled on first use of each
-// (algorithm, element type).
+// communicator forced to Push selects as Auto: the fused call has no Push. (ptx has a fused
+// push kernel, which collective does not launch: on an H200 it was slower than OneShot at one
+// row, 5.2 against 3.4 us at 2 ranks, and it timed out when interleaved with AllReduce's Push
+// calls on one communicator, whose receive buffers it shares.) The fused kernels are
+// JIT-compiled on first use of each (algorithm, element type).
 //
 // Through NCCL the call is two steps on stream: NCCL's all-reduce of In into a sum buffer,
 // then the residual add and RMSNorm of this rank (ResidualRMSNorm's kernel) from that sum.
@@ -98,9 +93,9 @@ func (c *Comm) AllReduceResidualRMSNorm(stream *driver.Stream, a FusedArgs) erro
 
 // AllReduceResidualRMSNormWith is AllReduceResidualRMSNorm with the algorithm chosen by the
 // caller for this call: Auto (Options.Algorithm where set, else the selection), OneShot,
-// TwoShot, Push or NCCL. A kernel the call does not fit (Push past PushMaxBytes, TwoShot
-// without room for its bands) is refused. Every rank must pass the same algorithm. It
-// exists for benchmarks and tests; services use AllReduceResidualRMSNorm.
+// TwoShot or NCCL. A kernel the call does not fit (TwoShot without room for its bands) is
+// refused, as is Push, which the fused call does not have. Every rank must pass the same
+// algorithm. It exists for benchmarks and tests; services use AllReduceResidualRMSNorm.
 func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, algo Algorithm) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -123,11 +118,9 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 	switch algo {
 	case NCCL:
 		return c.ncclFused(stream, a, nbytes)
-	case Push:
-		return c.fusedPush(stream, a)
 	}
 	kernel, _ := algo.kernel()
-	fn, err := c.kernels.fusedKernel(c.scope, kernel, a.DType)
+	fn, occ, err := c.kernels.fusedKernel(c.scope, kernel, a.DType)
 	if err != nil {
 		return c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
 	}
@@ -147,7 +140,7 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 		}
 	}
 	hvec := a.Hidden * a.DType.Size() / ptx.VectorBytes
-	blocks, threads := fusedShape(algo, a.Rows, hvec, c.size, c.blocks)
+	blocks, threads := fusedShape(algo, a.Rows, hvec, c.size, c.fusedLimit(occ))
 	ws8 := 8 * c.size
 	args := &c.args
 	args.Reset()
@@ -181,46 +174,6 @@ func (c *Comm) fusedFlags(blocks int, noNorm bool) uint32 {
 		flags |= ptx.FlagNoNorm
 	}
 	return flags
-}
-
-// fusedPushMinThreads is the smallest block the fused push spreads a row over
-// (ptx.FusedPushPieces): two warps, as the plain push's smallest blocks (MinThreadsPerBlock).
-const fusedPushMinThreads = MinThreadsPerBlock
-
-// fusedPush launches the fused push kernel (ptx.FusedPushParams): push's fixed grid, whose
-// per-block parts it shares with AllReduce's Push, and each row spread over as many blocks
-// as ptx.FusedPushPieces gives. The scratch of spread rows is this rank's staging buffer,
-// which only this rank's own kernels write, and never while this one runs (the peers read it
-// only inside pull calls, which are complete before this kernel starts).
-func (c *Comm) fusedPush(stream *driver.Stream, a FusedArgs) error {
-	fn, err := c.kernels.fusedKernel(ptx.ScopeSystem, ptx.Push, a.DType)
-	if err != nil {
-		return c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
-	}
-	hvec := a.Hidden * a.DType.Size() / ptx.VectorBytes
-	blocks := c.pushBlocks
-	_, threads := ptx.FusedPushPieces(a.Rows, hvec, blocks, fusedPushMinThreads)
-	ws8 := 8 * c.size
-	args := &c.args
-	args.Reset()
-	args.Ptr(a.In)
-	args.Ptr(a.ResidualOut)
-	args.Ptr(a.NormOut)
-	args.Ptr(a.Residual)
-	args.Ptr(a.Gamma)
-	args.U32(uint32(a.Rows))
-	args.U32(uint32(hvec))
-	args.U32(uint32(c.rank))
-	args.U32(math.Float32bits(a.Eps))
-	args.Ptr(c.errRec.DevicePtr())
-	args.U64(c.timeout)
-	args.Bytes(c.sig[:ws8], 8)
-	args.Bytes(c.recv[:ws8], 8)
-	args.U64(c.layout.recvSlot)
-	args.Ptr(c.peers[c.rank].Ptr() + driver.DevicePtr(c.layout.staging))
-	args.U32(c.fusedFlags(blocks, a.NoNorm))
-	args.U64(ptx.FusedCall(ptx.Push, a.DType, a.Rows, a.Hidden, a.NoNorm).Fingerprint())
-	return c.launch(stream, fn, blocks, threads, args)
 }
 
 // ncclFused serves a fused call through NCCL (see AllReduceResidualRMSNorm): NCCL's
@@ -286,6 +239,20 @@ func (c *Comm) ncclNormKernel(dt DType) (*driver.Function, error) {
 	return m.fn, nil
 }
 
+// fusedLimit is the largest grid of a fused kernel that fits occ blocks per SM. The ranks
+// sharing a GPU sized their grids (c.blocks) for the plain kernels' c.blocksPerSM, so that
+// every block of every rank is resident at once and PDL's early launches leave room
+// (ptx.EarlyTriggerRoom). A fused kernel that fits fewer (its registers, as the driver's JIT
+// assigns them) gets a grid that takes no more of the GPU: c.blocks*occ/c.blocksPerSM. Every
+// rank computes the same limit: the ranks sharing a GPU load the same kernel for the same
+// device. With a GPU per rank nothing needs to be resident at once: the grid stays.
+func (c *Comm) fusedLimit(occ int) int {
+	if c.ranksOnGPU <= 1 || occ >= c.blocksPerSM {
+		return c.blocks
+	}
+	return max(1, c.blocks*occ/c.blocksPerSM)
+}
+
 // fusedShape is the grid of a fused launch: one block per row (OneShot) or per row of the
 // largest band (TwoShot, ceil(rows/ws)), at most limit, each of ptx.FusedThreads threads.
 // Every rank computes the same shape from the same call.
@@ -297,28 +264,13 @@ func fusedShape(algo Algorithm, rows, rowVectors, worldSize, limit int) (blocks,
 	return max(1, min(limit, work)), ptx.FusedThreads(rowVectors)
 }
 
-// fusedPushLimit is the selection table's bound for the fused Push among worldSize ranks, in
-// bytes of the call (the communicator's PushMaxBytes bounds it too): the plain all-reduce's
-// push limits (selectAlgorithm) until the fused kernels are measured.
 // fusedTwoShotRowsPerRank is the fewest rows per rank for which the fused TwoShot is chosen.
 const fusedTwoShotRowsPerRank = 8
 
-func fusedPushLimit(worldSize int) int64 {
-	if worldSize <= 4 {
-		return 64 << 10
-	}
-	return 16 << 10
-}
-
-// selectFused is the fused call's selection table: Push up to fusedPushLimit (and pushMax,
-// the communicator's PushMaxBytes), then OneShot up to the plain all-reduce's OneShot limit
-// (direct: both outputs shared, so that TwoShot writes the finished rows straight into them),
-// TwoShot above, where every rank has at least one row of its own. The thresholds are the
-// plain kernels' until the fused ones are measured.
-func selectFused(major, worldSize, rows int, nbytes, pushMax int64, direct, gpuScope bool) Algorithm {
-	if nbytes <= min(fusedPushLimit(worldSize), pushMax) {
-		return Push
-	}
+// selectFused is the fused call's selection table: OneShot below fusedTwoShotRowsPerRank rows
+// a rank, then OneShot up to the plain all-reduce's OneShot limit (direct: both outputs
+// shared, so that TwoShot writes the finished rows straight into them), TwoShot above.
+func selectFused(major, worldSize, rows int, nbytes int64, direct, gpuScope bool) Algorithm {
 	if rows < fusedTwoShotRowsPerRank*worldSize {
 		// TwoShot's reduce runs one block per row of the rank's band: with few rows per rank
 		// it moves its share through a handful of blocks while OneShot spreads every row
@@ -326,18 +278,18 @@ func selectFused(major, worldSize, rows int, nbytes, pushMax int64, direct, gpuS
 		// -g): TwoShot 11.0 us at 8 rows, where the unfused pair took 8.2.
 		return OneShot
 	}
-	// pushMax 0: Push is never chosen.
+	// pushMax 0: the plain table never answers Push.
 	return selectAlgorithm(major, worldSize, nbytes, 0, direct, gpuScope)
 }
 
 // routeFused resolves the algorithm of a fused call and refuses what its engine cannot take;
 // direct says that both outputs are shared (TwoShot then needs no tmp). Auto is
-// Options.Algorithm where set (Push only where the call fits PushMaxBytes), else NCCL where
+// Options.Algorithm where set (Push selects as Auto: the fused call has none), else NCCL where
 // only NCCL can serve the call, else the selection table.
 func (c *Comm) routeFused(algo Algorithm, a FusedArgs, nbytes int64, direct bool) (Algorithm, error) {
 	if algo == Auto {
 		algo = c.opts.Algorithm
-		if algo == Push && (!c.custom || nbytes > c.opts.PushMaxBytes) {
+		if algo == Push {
 			algo = Auto
 		}
 	}
@@ -353,7 +305,7 @@ func (c *Comm) routeFused(algo Algorithm, a FusedArgs, nbytes int64, direct bool
 		if err := c.fusedKernelsServe(a, nbytes); err != nil {
 			return 0, err
 		}
-		algo = selectFused(c.major, c.size, a.Rows, nbytes, c.opts.PushMaxBytes, direct, c.scope == ptx.ScopeGPU)
+		algo = selectFused(c.major, c.size, a.Rows, nbytes, direct, c.scope == ptx.ScopeGPU)
 		if algo == TwoShot && !tmpFits() {
 			algo = OneShot
 		}
@@ -363,21 +315,20 @@ func (c *Comm) routeFused(algo Algorithm, a FusedArgs, nbytes int64, direct bool
 			return 0, invalid("the call needs NCCL, which this communicator does not have: %s", c.ncclWhy)
 		}
 		return NCCL, nil
-	case OneShot, TwoShot, Push:
+	case Push:
+		return 0, invalid("the fused all-reduce + RMSNorm has no Push kernel: use Auto, OneShot, TwoShot or NCCL")
+	case OneShot, TwoShot:
 		if err := c.fusedKernelsServe(a, nbytes); err != nil {
 			return 0, err
 		}
 		switch {
-		case algo == Push && nbytes > c.opts.PushMaxBytes:
-			// The kernel writes the whole call into every peer's receive slot.
-			return 0, invalid("%d rows of %d %v elements are %d bytes, more than PushMaxBytes (%d) for the Push algorithm: use Auto, or raise Options.PushMaxBytes", a.Rows, a.Hidden, a.DType, nbytes, c.opts.PushMaxBytes)
 		case algo == TwoShot && !tmpFits():
 			return 0, invalid("TwoShot needs %d bytes of tmp buffer for %d rows of %d bytes over %d ranks, the communicator has %d: use OneShot, or raise Options.MaxBytes",
 				ptx.FusedTmpBytes(c.size, a.Rows, rowBytes), a.Rows, rowBytes, c.size, c.layout.recv-c.layout.tmp)
 		}
 		return algo, nil
 	}
-	return 0, invalid("unknown algorithm %v for the fused all-reduce + RMSNorm: use Auto, OneShot, TwoShot, Push or NCCL", algo)
+	return 0, invalid("unknown algorithm %v for the fused all-reduce + RMSNorm: use Auto, OneShot, TwoShot or NCCL", algo)
 }
 
 // fusedKernelsServe refuses a fused call that goccl's kernels cannot take, saying what can.

@@ -93,16 +93,14 @@ func TestRouteFused(t *testing.T) {
 		what string
 	}{
 		{c, 64, TwoShot, "1 MiB over 8 ranks"},
-		{c, 1, Push, "16 KiB over 8 ranks"},
-		{c, 2, OneShot, "32 KiB over 8 ranks: past push's 16 KiB, fewer rows than ranks"},
+		{c, 1, OneShot, "16 KiB over 8 ranks: the fused call has no push"},
+		{c, 2, OneShot, "32 KiB over 8 ranks, fewer rows than ranks"},
 		{c, 63, OneShot, "63 rows over 8 ranks: fewer than fusedTwoShotRowsPerRank a rank"},
-		{newComm(Auto, 4, 1<<20), 4, Push, "64 KiB over 4 ranks"},
-		{newComm(Auto, 4, 1<<20), 5, OneShot, "80 KiB over 4 ranks"},
-		{newComm(Auto, 2, 1<<20), 4, Push, "64 KiB over 2 ranks"},
-		// Options.Algorithm, for the call's Auto: push where it fits PushMaxBytes, else Auto
-		{newComm(Push, 8, 1<<20), 32, Push, "forced push, 512 KiB = PushMaxBytes"},
-		{newComm(Push, 8, 1<<20), 33, OneShot, "forced push past PushMaxBytes selects as Auto"},
-		{newComm(Push, 8, 1<<20), 64, TwoShot, "forced push past PushMaxBytes selects as Auto, 8 rows a rank"},
+		{newComm(Auto, 4, 1<<20), 4, OneShot, "64 KiB over 4 ranks"},
+		{newComm(Auto, 2, 1<<20), 4, OneShot, "64 KiB over 2 ranks"},
+		// Options.Algorithm, for the call's Auto: Push selects as Auto
+		{newComm(Push, 8, 1<<20), 32, OneShot, "forced push selects as Auto"},
+		{newComm(Push, 8, 1<<20), 64, TwoShot, "forced push selects as Auto, 8 rows a rank"},
 		{newComm(OneShot, 8, 1<<20), 1, OneShot, "forced OneShot"},
 		{newComm(TwoShot, 8, 1<<20), 8, TwoShot, "forced TwoShot"},
 	} {
@@ -110,15 +108,7 @@ func TestRouteFused(t *testing.T) {
 		require.NoError(t, err, tc.what)
 		assert.Equal(t, tc.want, got, tc.what)
 	}
-	// a PushMaxBytes below the table's limit bounds Auto's push
-	o, err := Options{MaxBytes: 1 << 20, PushMaxBytes: 16 << 10}.withDefaults()
-	require.NoError(t, err)
-	small := &Comm{opts: o, size: 4, major: 9, custom: true, layout: newArenaLayout(o, 4)}
-	got, err := route(small, Auto, 2, false)
-	require.NoError(t, err)
-	assert.Equal(t, OneShot, got, "32 KiB past PushMaxBytes 16 KiB")
-
-	for _, forced := range []Algorithm{OneShot, TwoShot, Push} {
+	for _, forced := range []Algorithm{OneShot, TwoShot} {
 		got, err := route(c, forced, 8, false)
 		require.NoError(t, err)
 		assert.Equal(t, forced, got)
@@ -126,9 +116,9 @@ func TestRouteFused(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, forced, got, "the call's choice wins over Options.Algorithm")
 	}
-	_, err = route(c, Push, 64, false)
+	_, err := route(c, Push, 1, false)
 	assert.ErrorIs(t, err, ErrInvalidArgument)
-	assert.ErrorContains(t, err, "more than PushMaxBytes")
+	assert.ErrorContains(t, err, "no Push kernel")
 	_, err = route(c, NCCL, 64, false)
 	assert.ErrorContains(t, err, "does not have: no libnccl")
 	_, err = route(newComm(NCCL, 8, 1<<20), Auto, 1, false)
@@ -144,7 +134,7 @@ func TestRouteFused(t *testing.T) {
 	odd := FusedArgs{Rows: 9, Hidden: 16384, DType: Float32}
 	nbytes := int64(9 * 16384 * 4)
 	c2 := newComm(Auto, 8, nbytes+16)
-	got, err = c2.routeFused(Auto, odd, nbytes, false)
+	got, err := c2.routeFused(Auto, odd, nbytes, false)
 	require.NoError(t, err)
 	assert.Equal(t, OneShot, got)
 	_, err = c2.routeFused(TwoShot, odd, nbytes, false)
@@ -167,7 +157,7 @@ func TestRouteFused(t *testing.T) {
 	assert.Equal(t, NCCL, got, "past MaxBytes")
 	got, err = route(withNCCL, Auto, 1, false)
 	require.NoError(t, err)
-	assert.Equal(t, Push, got, "the kernels where they can")
+	assert.Equal(t, OneShot, got, "the kernels where they can")
 	got, err = route(withNCCL, NCCL, 1, false)
 	require.NoError(t, err)
 	assert.Equal(t, NCCL, got)
@@ -188,18 +178,14 @@ func TestRouteFused(t *testing.T) {
 	assert.Equal(t, NCCL, got, "forced push without kernels selects as Auto")
 }
 
-// TestSelectFused: the fused table's push bound per world size (one place: fusedPushLimit),
-// then rows < ranks one-shot, then the plain table.
+// TestSelectFused: OneShot below fusedTwoShotRowsPerRank rows a rank, then the plain table.
 func TestSelectFused(t *testing.T) {
 	for _, ws := range []int{2, 3, 4, 5, 8, 16} {
-		limit := fusedPushLimit(ws)
-		assert.Equal(t, Push, selectFused(9, ws, 1, limit, 1<<20, false, true), "ws %d at the limit", ws)
-		assert.Equal(t, OneShot, selectFused(9, ws, 1, limit+16, 1<<20, false, true), "ws %d past it", ws)
-		assert.Equal(t, OneShot, selectFused(9, ws, 1, limit, limit-16, false, true), "ws %d past PushMaxBytes", ws)
+		assert.Equal(t, OneShot, selectFused(9, ws, 1, 16<<10, false, true), "ws %d, one row", ws)
+		assert.Equal(t, OneShot, selectFused(9, ws, fusedTwoShotRowsPerRank*ws-1, 1<<20, false, true), "ws %d", ws)
 	}
-	assert.Equal(t, int64(64<<10), fusedPushLimit(4))
-	assert.Equal(t, int64(16<<10), fusedPushLimit(8))
-	assert.Equal(t, TwoShot, selectFused(9, 8, 64, 1<<20, 512<<10, false, true))
+	assert.Equal(t, TwoShot, selectFused(9, 8, 64, 1<<20, false, true))
+	assert.Equal(t, OneShot, selectFused(9, 2, 64, 1<<20, false, true), "the plain table's OneShot limit at 2 ranks")
 }
 
 // TestNCCLSumBuffer: where the NCCL route leaves NCCL's sum for every aliasing the call allows,
@@ -231,20 +217,6 @@ func TestNCCLSumBuffer(t *testing.T) {
 	assert.ErrorContains(t, err, "pass a ResidualOut of its own")
 }
 
-// TestFusedPushShape: the fused push launches the communicator's push grid, its blocks a
-// divisor of the row's threads (ptx.FusedPushPieces), never fewer than fusedPushMinThreads.
-func TestFusedPushShape(t *testing.T) {
-	for _, rows := range []int{1, 2, 3, 7, 8, 16, 32} {
-		for _, hidden := range []int{2048, 2056, 5120, 8192, 16384} {
-			hvec := hidden * 2 / 16
-			pieces, threads := ptx.FusedPushPieces(rows, hvec, DefaultPushBlocks, fusedPushMinThreads)
-			assert.Equal(t, ptx.FusedThreads(hvec), pieces*threads)
-			assert.GreaterOrEqual(t, threads, fusedPushMinThreads)
-			assert.LessOrEqual(t, rows*pieces, max(rows, DefaultPushBlocks))
-		}
-	}
-}
-
 // TestFusedShape: one block per row (per row of the largest band), at most limit.
 func TestFusedShape(t *testing.T) {
 	b, th := fusedShape(OneShot, 7, 1024, 8, 36)
@@ -265,4 +237,18 @@ func TestFusedShape(t *testing.T) {
 func TestClosedCommRefusesFused(t *testing.T) {
 	c := &Comm{closed: true}
 	assert.ErrorIs(t, c.AllReduceResidualRMSNorm(nil, FusedArgs{}), ErrClosed)
+}
+
+// TestFusedLimit: a fused kernel that fits fewer blocks per SM than the plain kernels gets a
+// grid that takes no more of a shared GPU; with a GPU per rank, or enough occupancy, the grid
+// stays.
+func TestFusedLimit(t *testing.T) {
+	shared := &Comm{blocks: 33, blocksPerSM: 2, ranksOnGPU: 4}
+	assert.Equal(t, 33, shared.fusedLimit(2))
+	assert.Equal(t, 33, shared.fusedLimit(3))
+	assert.Equal(t, 16, shared.fusedLimit(1))
+	tiny := &Comm{blocks: 1, blocksPerSM: 2, ranksOnGPU: 16}
+	assert.Equal(t, 1, tiny.fusedLimit(1))
+	own := &Comm{blocks: 64, blocksPerSM: 2, ranksOnGPU: 1}
+	assert.Equal(t, 64, own.fusedLimit(1))
 }

@@ -60,6 +60,8 @@ type kernelSet struct {
 	// kernelCache.mu): fusedKernel loads each on its first use, so that communicators that
 	// never call AllReduceResidualRMSNorm pay no JIT for them.
 	fused [ptx.ScopeGPU + 1][ptx.Push + 1][dtype.BFloat16 + 1]*driver.Function
+	// fusedOcc is each loaded fused kernel's occupancy at ThreadsPerBlock (blocks per SM).
+	fusedOcc [ptx.ScopeGPU + 1][ptx.Push + 1][dtype.BFloat16 + 1]int
 	// norm holds the single-rank residual add + RMSNorm kernels loaded so far (guarded by
 	// kernelCache.mu), one per element type: normKernel loads each on its first use.
 	norm [dtype.BFloat16 + 1]*driver.Function
@@ -199,25 +201,22 @@ func (ks *kernelSet) release() error {
 	return nil
 }
 
-// fusedKernel returns the fused kernel of (scope, algo, dt), loading it on first use. Its
-// occupancy at ThreadsPerBlock must be at least the set's maxBlocksPerSM, which the ranks
-// capped their grids with: fewer resident blocks than the grid could deadlock its barriers.
-func (ks *kernelSet) fusedKernel(scope ptx.Scope, algo ptx.Algorithm, dt dtype.DType) (*driver.Function, error) {
+// fusedKernel returns the fused kernel of (scope, algo, dt), loading it on first use, and its
+// occupancy at ThreadsPerBlock. It may be below the plain kernels' (the blocks per SM the
+// ranks sized their grids for): the caller then shrinks the grid (Comm.fusedLimit).
+func (ks *kernelSet) fusedKernel(scope ptx.Scope, algo ptx.Algorithm, dt dtype.DType) (*driver.Function, int, error) {
 	kernelCache.mu.Lock()
 	defer kernelCache.mu.Unlock()
 	if fn := ks.fused[scope][algo][dt]; fn != nil {
-		return fn, nil
+		return fn, ks.fusedOcc[scope][algo][dt], nil
 	}
 	spec := ptx.FusedSpec{Algo: algo, DType: dt, WorldSize: ks.key.worldSize, Target: ks.key.target, Scope: scope}
 	fn, occ, err := ks.loadModule(spec.EntryName(), spec.Target, spec.Generate)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	if occ < ks.maxBlocksPerSM {
-		return nil, fmt.Errorf("collective: kernel %s fits %d blocks per SM, fewer than the %d the grids were sized for", spec.EntryName(), occ, ks.maxBlocksPerSM)
-	}
-	ks.fused[scope][algo][dt] = fn
-	return fn, nil
+	ks.fused[scope][algo][dt], ks.fusedOcc[scope][algo][dt] = fn, occ
+	return fn, occ, nil
 }
 
 // UnloadKernels unloads the kernels that no open communicator uses, and gives back the

@@ -124,8 +124,8 @@ func (ks *kernelSet) normKernel(dt dtype.DType) (*driver.Function, error) {
 }
 
 // FusedSelected returns the algorithm that AllReduceResidualRMSNorm picks for rows rows of
-// hidden elements of dt: the forced one (Options.Algorithm or GOCCL_ALGO; Push only where
-// the call fits PushMaxBytes, else as Auto), NCCL where goccl's kernels cannot serve the call
+// hidden elements of dt: the forced one (Options.Algorithm or GOCCL_ALGO; Push selects as
+// Auto, the fused call has none), NCCL where goccl's kernels cannot serve the call
 // (past MaxBytes, or a communicator they cannot serve) and NCCL is available, else the fused
 // selection table's kernel. sharedOutputs says whether both ResidualOut and NormOut are
 // visible to the peers (registered with Register, or the call is captured by Capture):

@@ -82,8 +82,8 @@ func TestFusedSelected(t *testing.T) {
 		shared bool
 		want   Algorithm
 	}{
-		{1, false, Push},   // 16 KiB over 8 ranks
-		{7, true, OneShot}, // fewer rows than ranks
+		{1, false, OneShot}, // 16 KiB over 8 ranks: the fused call has no push
+		{7, true, OneShot},  // fewer rows than ranks
 		{8, false, OneShot},
 		{64, false, TwoShot}, // 1 MiB over 8 ranks
 		{64, true, TwoShot},
@@ -97,7 +97,7 @@ func TestFusedSelected(t *testing.T) {
 	}
 	got, err := newComm(Push, true).FusedSelected(64, 8192, BFloat16, false)
 	require.NoError(t, err)
-	assert.Equal(t, TwoShot, got, "a communicator forced to Push selects as Auto past PushMaxBytes")
+	assert.Equal(t, TwoShot, got, "a communicator forced to Push selects as Auto")
 	got, err = newComm(OneShot, true).FusedSelected(64, 8192, BFloat16, false)
 	require.NoError(t, err)
 	assert.Equal(t, OneShot, got)
