@@ -122,7 +122,11 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 	kernel, _ := algo.kernel()
 	fn, occ, err := c.kernels.fusedKernel(c.scope, kernel, a.DType)
 	if err != nil {
-		return c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
+		// The peers may have launched this call: this rank is out of step with them from
+		// here on. The kernel is compiled on the first call of its (algorithm, element type);
+		// inside a stream capture of the caller's own in global mode the driver may refuse to
+		// load a module, hence the advice.
+		return c.fail(fmt.Errorf("collective: rank %d: %w (the fused kernels load on their first call: make one outside a global-mode stream capture)", c.rank, err))
 	}
 	inputs, err := c.pullInput(stream, algo, a.ResidualOut, a.In, uint64(nbytes))
 	if err != nil {
