@@ -63,10 +63,10 @@ type FusedArgs struct {
 // Algorithms, chosen per call by size and world size (FusedSelected answers which):
 //   - OneShot: every rank reduces every row (rank order) and norms it.
 //   - TwoShot, from 8 rows a rank on, where the plain all-reduce would take it: each rank
-//     reduces and norms its band of rows, then every
-//     rank gathers the finished rows; when ResidualOut and NormOut are both visible to the
-//     peers (registered with Register, or under Capture), each rank writes its finished rows
-//     straight into every rank's outputs instead.
+//     reduces and norms its band of rows, then every rank gathers the finished rows; when
+//     ResidualOut and NormOut are both visible to the peers (registered with Register, or
+//     under Capture), each rank writes its finished rows straight into every rank's outputs
+//     instead.
 //   - NCCL, where goccl's kernels cannot take the call (past MaxBytes, or a communicator they
 //     cannot serve) and the communicator has NCCL, or where NCCL is forced: see below.
 //
