@@ -224,7 +224,9 @@ func (ks *kernelSet) fusedKernel(scope ptx.Scope, algo ptx.Algorithm, dt dtype.D
 // keeps every kernel it JIT-compiled loaded until the process exits, so that a later New
 // (NewGroup) of the same shape compiles nothing; a program that is done with goccl calls
 // UnloadKernels to free their device memory, or to make the next New compile afresh (to
-// measure it, say). Communicators still open keep theirs.
+// measure it, say). Communicators still open keep theirs, except the residual add + RMSNorm
+// kernel of a communicator that NCCL alone serves (it has no kernel set): its next fused call
+// loads it again, but a graph captured with it must not be launched after UnloadKernels.
 //
 // CUDA graphs captured from a closed communicator (Comm.Capture, or the caller's own capture)
 // launch kernels of these modules: they must not be launched after UnloadKernels. A program
