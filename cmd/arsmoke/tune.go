@@ -20,6 +20,7 @@ import (
 
 	"github.com/goccl/goccl/collective"
 	"github.com/goccl/goccl/dtype"
+	"github.com/goccl/goccl/ptx"
 )
 
 // Iterations of --tune where -n and -w are not given: enough to rank candidates a few percent
@@ -363,7 +364,9 @@ func (r tuneRow) gain() float64 {
 // size, the fastest algorithm and grid wins; among those within tuneTolerance of it, the
 // previous size's choice (fewer bands) and then the built-in one are kept. A lone size whose
 // choice differs from the same choice on both sides, which is nearly as fast there, takes it
-// too. Consecutive sizes with one choice form a band; the last band has no upper limit.
+// too. OneShot limits that launch the same grid at a size (sameLaunch) count as one choice
+// there, whatever their single measurements say. Consecutive sizes with one choice form a
+// band; the last band has no upper limit.
 func deriveSection(t collective.TuneTarget, samples []tuneSample, sizes []int64, builtin func(tuneMode, int64) collective.Algorithm) (collective.TuneSection, []tuneRow) {
 	type key struct {
 		mode  tuneMode
@@ -450,7 +453,7 @@ func deriveSection(t collective.TuneTarget, samples []tuneSample, sizes []int64,
 			}
 			near := func(c tuneChoice) bool {
 				d, ok := cs[c]
-				return ok && float64(d) <= float64(bt)*(1+tuneTolerance)
+				return ok && (float64(d) <= float64(bt)*(1+tuneTolerance) || sameLaunch(c, b, s))
 			}
 			switch {
 			case len(choice) > 0 && near(choice[len(choice)-1]):
@@ -462,7 +465,7 @@ func deriveSection(t collective.TuneTarget, samples []tuneSample, sizes []int64,
 		}
 		for i := 1; i+1 < len(choice); i++ {
 			if d, ok := cands[i][choice[i-1]]; ok && choice[i-1] == choice[i+1] && choice[i] != choice[i-1] &&
-				float64(d) <= float64(best[i])*(1+2*tuneTolerance) {
+				(float64(d) <= float64(best[i])*(1+2*tuneTolerance) || sameLaunch(choice[i-1], choice[i], measured[i])) {
 				choice[i] = choice[i-1]
 			}
 		}
@@ -494,6 +497,24 @@ func deriveSection(t collective.TuneTarget, samples []tuneSample, sizes []int64,
 		}
 	}
 	return sec, rows
+}
+
+// sameLaunch reports whether two OneShot choices launch the same grid for a message of
+// nbytes: OneShot takes as many blocks as the message needs, at most the limit, so limits at or
+// above that number are one launch, and whatever their measured times say is noise. (TwoShot
+// spreads a small shard over its whole limit, and push's grid is fixed: their limits always
+// count.)
+func sameLaunch(a, b tuneChoice, nbytes int64) bool {
+	if a.Algo != collective.OneShot || b.Algo != collective.OneShot || a.Threads != b.Threads {
+		return false
+	}
+	threads := int64(a.Threads)
+	if threads == 0 {
+		threads = ptx.ThreadsPerBlock
+	}
+	nvec := (nbytes + ptx.VectorBytes - 1) / ptx.VectorBytes
+	need := int((nvec + threads - 1) / threads)
+	return min(a.Blocks, need) == min(b.Blocks, need)
 }
 
 // lessChoice orders choices: by algorithm, then blocks, then threads.

@@ -257,30 +257,45 @@ func TestDeriveSection(t *testing.T) {
 // follows them.
 func TestDeriveSectionKeepsNearChoices(t *testing.T) {
 	target := h200Target(2)
-	sizes := []int64{64 << 10, 128 << 10, 256 << 10, 512 << 10}
+	sizes := []int64{1 << 20, 2 << 20, 4 << 20, 8 << 20}
 	s := func(n int64, algo collective.Algorithm, blocks int, ns int) tuneSample {
 		return tuneSample{tuneCase: tuneCase{modeGraph, algo, n}, Blocks: blocks, Time: time.Duration(ns)}
 	}
 	samples := []tuneSample{
-		// 64K: the built-in oneshot with 64 blocks is 1% slower than 48 blocks: it stays.
-		s(64<<10, collective.OneShot, 64, 1010), s(64<<10, collective.OneShot, 48, 1000), s(64<<10, collective.TwoShot, 64, 2000),
-		// 128K: 48 blocks 5% faster: it wins.
-		s(128<<10, collective.OneShot, 64, 1050), s(128<<10, collective.OneShot, 48, 1000), s(128<<10, collective.TwoShot, 64, 2000),
-		// 256K: twoshot 3% faster, but oneshot 48 on both sides and within 2x the tolerance.
-		s(256<<10, collective.OneShot, 64, 1100), s(256<<10, collective.OneShot, 48, 1030), s(256<<10, collective.TwoShot, 64, 1000),
-		// 512K: oneshot 48 again.
-		s(512<<10, collective.OneShot, 64, 1100), s(512<<10, collective.OneShot, 48, 1000), s(512<<10, collective.TwoShot, 64, 1050),
+		// 1M: the built-in oneshot with 64 blocks is 1% slower than 48 blocks: it stays.
+		s(1<<20, collective.OneShot, 64, 1010), s(1<<20, collective.OneShot, 48, 1000), s(1<<20, collective.TwoShot, 64, 2000),
+		// 2M: 48 blocks 5% faster: it wins.
+		s(2<<20, collective.OneShot, 64, 1050), s(2<<20, collective.OneShot, 48, 1000), s(2<<20, collective.TwoShot, 64, 2000),
+		// 4M: twoshot 3% faster, but oneshot 48 on both sides and within 2x the tolerance.
+		s(4<<20, collective.OneShot, 64, 1100), s(4<<20, collective.OneShot, 48, 1030), s(4<<20, collective.TwoShot, 64, 1000),
+		// 8M: oneshot 48 again.
+		s(8<<20, collective.OneShot, 64, 1100), s(8<<20, collective.OneShot, 48, 1000), s(8<<20, collective.TwoShot, 64, 1050),
 	}
 	builtin := func(tuneMode, int64) collective.Algorithm { return collective.OneShot }
 	sec, rows := deriveSection(target, samples, sizes, builtin)
 	require.Len(t, sec.Entries, 1, "only graphs were measured")
 	assert.Equal(t, []collective.TuneBand{
-		{UpTo: 64 << 10, Algorithm: "oneshot", Blocks: 64},
+		{UpTo: 1 << 20, Algorithm: "oneshot", Blocks: 64},
 		{Algorithm: "oneshot", Blocks: 48},
 	}, sec.Entries[0].Bands)
 	assert.Equal(t, 16, sec.PushBlocks, "no push measured: the communicator's grid")
 	assert.Equal(t, time.Duration(1030), rows[2].ChosenTime)
 	assert.InDelta(t, 1100.0/1030-1, rows[2].gain(), 1e-9)
+}
+
+// TestSameLaunch: OneShot limits at or above what a message needs are one launch; TwoShot's
+// and push's limits, and other block sizes, always count.
+func TestSameLaunch(t *testing.T) {
+	one := func(blocks, threads int) tuneChoice { return tuneChoice{collective.OneShot, blocks, threads} }
+	// 64 KiB: 4096 vectors, 8 blocks of 512 threads
+	assert.True(t, sameLaunch(one(16, 0), one(64, 0), 64<<10))
+	assert.True(t, sameLaunch(one(8, 0), one(36, 0), 64<<10))
+	assert.False(t, sameLaunch(one(4, 0), one(36, 0), 64<<10))
+	assert.False(t, sameLaunch(one(16, 0), one(16, 256), 64<<10), "other threads")
+	// 8 MiB: 1024 blocks' worth, every limit counts
+	assert.False(t, sameLaunch(one(48, 0), one(64, 0), 8<<20))
+	two := tuneChoice{collective.TwoShot, 16, 0}
+	assert.False(t, sameLaunch(two, tuneChoice{collective.TwoShot, 64, 0}, 64<<10))
 }
 
 func TestMergeTune(t *testing.T) {
