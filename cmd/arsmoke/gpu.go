@@ -73,7 +73,7 @@ type engineRank struct {
 	stream     *driver.Stream
 	in, out    driver.DevicePtr
 	start, end *driver.Event     // timing on the rank's own stream
-	graph      *collective.Graph // timeGraph's capture, closed when it returns
+	graph      *collective.Graph // timeRanks' capture, closed when it returns
 }
 
 // comm returns the rank's communicator of backend.
@@ -401,13 +401,10 @@ func (e *gpuEngine) compare(c Case, path collective.Algorithm, inputs [][]byte, 
 // eager issues n all-reduces on every rank, each rank from its own goroutine as separate
 // processes would.
 func (e *gpuEngine) eager(algo collective.Algorithm, c Case, count, n int) error {
+	call := e.allReduce(algo, c, count)
 	return e.parallel(func(r *engineRank) error {
-		dst := r.out
-		if c.InPlace {
-			dst = r.in
-		}
 		for range n {
-			if err := r.comm(c.Backend).AllReduceWith(r.stream, dst, r.in, count, c.DType, algo); err != nil {
+			if err := call(r); err != nil {
 				return err
 			}
 		}
@@ -415,37 +412,9 @@ func (e *gpuEngine) eager(algo collective.Algorithm, c Case, count, n int) error
 	})
 }
 
-// timeEager runs the warm-up, then times Iters eager all-reduces per rank with events on the
-// rank's stream; the slowest rank's mean is the result.
+// timeEager times Iters eager all-reduces per rank (timeRanks).
 func (e *gpuEngine) timeEager(ctx context.Context, algo collective.Algorithm, c Case, count int) (time.Duration, error) {
-	if err := e.eager(algo, c, count, c.Warmup); err != nil {
-		return 0, err
-	}
-	if err := e.wait(ctx); err != nil {
-		return 0, err
-	}
-	err := e.parallel(func(r *engineRank) error {
-		if err := r.start.Record(r.stream); err != nil {
-			return err
-		}
-		dst := r.out
-		if c.InPlace {
-			dst = r.in
-		}
-		for range c.Iters {
-			if err := r.comm(c.Backend).AllReduceWith(r.stream, dst, r.in, count, c.DType, algo); err != nil {
-				return err
-			}
-		}
-		return r.end.Record(r.stream)
-	})
-	if err != nil {
-		return 0, err
-	}
-	if err := e.wait(ctx); err != nil {
-		return 0, err
-	}
-	return e.slowest(c.Iters)
+	return e.timeRanks(ctx, c.Backend, false, c.Warmup, c.Iters, e.allReduce(algo, c, count))
 }
 
 // timeGraph captures Iters all-reduces into one CUDA graph per rank (Comm.Capture, as each
@@ -458,6 +427,65 @@ func (e *gpuEngine) timeEager(ctx context.Context, algo collective.Algorithm, c 
 // at once, and with virtual ranks a barrier then waits for a peer's kernel queued behind it
 // until the watchdog fires. One graph per rank is also what the processes of a real job run.
 func (e *gpuEngine) timeGraph(ctx context.Context, algo collective.Algorithm, c Case, count int) (time.Duration, error) {
+	return e.timeRanks(ctx, c.Backend, true, c.Warmup, c.Iters, e.allReduce(algo, c, count))
+}
+
+// allReduce returns one all-reduce of the case on a rank.
+func (e *gpuEngine) allReduce(algo collective.Algorithm, c Case, count int) func(r *engineRank) error {
+	return func(r *engineRank) error {
+		dst := r.out
+		if c.InPlace {
+			dst = r.in
+		}
+		return r.comm(c.Backend).AllReduceWith(r.stream, dst, r.in, count, c.DType, algo)
+	}
+}
+
+// timeRanks times iters calls of call on every rank, each rank from its own goroutine, with
+// events on the rank's stream; the slowest rank's mean is the result. Graphs are captured
+// through backend's communicator. Eagerly: warmup untimed
+// calls, then iters timed ones. With graph: iters calls captured into one CUDA graph per rank
+// (Comm.Capture, as each process of a real job would), replayed max(1, warmup/iters) times
+// untimed, then once timed.
+func (e *gpuEngine) timeRanks(ctx context.Context, backend string, graph bool, warmup, iters int, call func(r *engineRank) error) (time.Duration, error) {
+	calls := func(r *engineRank, n int) error {
+		for range n {
+			if err := call(r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	// run enqueues one pass on every rank (timed: between the rank's events) and waits for it.
+	run := func(timed bool, pass func(r *engineRank) error) error {
+		err := e.parallel(func(r *engineRank) error {
+			if timed {
+				if err := r.start.Record(r.stream); err != nil {
+					return err
+				}
+			}
+			if err := pass(r); err != nil {
+				return err
+			}
+			if timed {
+				return r.end.Record(r.stream)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		return e.wait(ctx)
+	}
+	if !graph {
+		if err := run(false, func(r *engineRank) error { return calls(r, warmup) }); err != nil {
+			return 0, err
+		}
+		if err := run(true, func(r *engineRank) error { return calls(r, iters) }); err != nil {
+			return 0, err
+		}
+		return e.slowest(iters)
+	}
 	defer func() {
 		for _, r := range e.ranks {
 			if r.graph != nil {
@@ -467,57 +495,26 @@ func (e *gpuEngine) timeGraph(ctx context.Context, algo collective.Algorithm, c 
 		}
 	}()
 	err := e.parallel(func(r *engineRank) error {
-		dst := r.out
-		if c.InPlace {
-			dst = r.in
-		}
-		comm := r.comm(c.Backend)
 		var err error
-		r.graph, err = comm.Capture(ctx, r.stream, func() error {
-			for range c.Iters {
-				if err := comm.AllReduceWith(r.stream, dst, r.in, count, c.DType, algo); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
+		r.graph, err = r.comm(backend).Capture(ctx, r.stream, func() error { return calls(r, iters) })
 		return err
 	})
 	if err != nil {
 		return 0, err
 	}
-	// Warm-up replays, then one timed replay per rank, each rank from its own goroutine.
-	replay := func(timed bool) error {
-		return e.parallel(func(r *engineRank) error {
-			if timed {
-				if err := r.start.Record(r.stream); err != nil {
-					return err
-				}
-			}
-			if err := r.graph.Launch(r.stream); err != nil {
-				return err
-			}
-			if timed {
-				return r.end.Record(r.stream)
-			}
-			return nil
-		})
-	}
-	for range max(1, c.Warmup/c.Iters) {
-		if err := replay(false); err != nil {
+	launch := func(r *engineRank) error { return r.graph.Launch(r.stream) }
+	for range max(1, warmup/iters) {
+		if err := e.parallel(launch); err != nil {
 			return 0, err
 		}
 	}
 	if err := e.wait(ctx); err != nil {
 		return 0, err
 	}
-	if err := replay(true); err != nil {
+	if err := run(true, launch); err != nil {
 		return 0, err
 	}
-	if err := e.wait(ctx); err != nil {
-		return 0, err
-	}
-	return e.slowest(c.Iters)
+	return e.slowest(iters)
 }
 
 // slowest returns the largest start-to-end time over the ranks, divided by n.
