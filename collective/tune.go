@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/goccl/goccl/driver"
+	"github.com/goccl/goccl/internal/atomicfile"
 	"github.com/goccl/goccl/internal/topology"
 	"github.com/goccl/goccl/ptx"
 )
@@ -251,29 +252,7 @@ func (t *TuneTable) Write(path string) error {
 	if err != nil {
 		return err
 	}
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(dir, ".tune-*.tmp")
-	if err != nil {
-		return err
-	}
-	_, werr := tmp.Write(append(b, '\n'))
-	cerr := tmp.Close()
-	if err := errors.Join(werr, cerr); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	return nil
+	return atomicfile.Write(path, ".tune-*.tmp", append(b, '\n'), 0o644)
 }
 
 // Validate checks everything about t that does not depend on the GPU it runs on: the format

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/goccl/goccl/internal/atomicfile"
 )
 
 // peerCache is the file holding peer-check results for one driver version and one set of
@@ -129,23 +131,6 @@ func (c *peerCache) save(t *Topology, pairs []Pair) error {
 	if err != nil {
 		return err
 	}
-	dir := filepath.Dir(c.path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(dir, ".p2p-*.tmp")
-	if err != nil {
-		return err
-	}
-	_, werr := tmp.Write(append(b, '\n'))
-	cerr := tmp.Close()
-	if err := errors.Join(werr, cerr); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	if err := os.Rename(tmp.Name(), c.path); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	return nil
+	// The file is private to its user, as os.CreateTemp made it before.
+	return atomicfile.Write(c.path, ".p2p-*.tmp", append(b, '\n'), 0o600)
 }
