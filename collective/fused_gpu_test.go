@@ -1,16 +1,12 @@
 package collective_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"net"
 	"os"
-	"os/exec"
 	"runtime"
 	"strconv"
 	"strings"
@@ -667,34 +663,9 @@ const envFusedNCCLRank = "GOCCL_FUSED_NCCL_RANK"
 func TestFusedNCCLMultiNode(t *testing.T) {
 	requireNCCL(t)
 	const procs = 2
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	token := make([]byte, 16)
-	for i := range token {
-		token[i] = byte(rand.Uint32())
-	}
-	cmds := make([]*exec.Cmd, procs)
-	outs := make([]*bytes.Buffer, procs)
-	for r := range procs {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestFusedNCCLChild$", "-test.v")
-		cmd.Env = append(childEnv(), envFusedNCCLRank+"="+strconv.Itoa(r),
-			"RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(procs), "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1",
-			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port), bootstrap.AddrEnv+"=127.0.0.1:"+strconv.Itoa(port),
-			bootstrap.TokenEnv+"="+hex.EncodeToString(token),
-			"NCCL_HOSTID=goccl-fused-test-host-"+strconv.Itoa(r), "NCCL_SOCKET_IFNAME=lo")
-		outs[r] = &bytes.Buffer{}
-		cmd.Stdout, cmd.Stderr = outs[r], outs[r]
-		require.NoError(t, cmd.Start())
-		cmds[r] = cmd
-	}
-	timer := time.AfterFunc(3*time.Minute, func() {
-		for _, c := range cmds {
-			c.Process.Kill()
-		}
+	cmds, outs := startNCCLHosts(t, "TestFusedNCCLChild", procs, 3*time.Minute, func(r int) []string {
+		return []string{envFusedNCCLRank + "=" + strconv.Itoa(r)}
 	})
-	defer timer.Stop()
 	for r, c := range cmds {
 		require.NoError(t, c.Wait(), "rank %d failed:\n%s", r, outs[r])
 		require.Contains(t, outs[r].String(), "fused nccl rank ok", "rank %d:\n%s", r, outs[r])

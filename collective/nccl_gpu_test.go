@@ -89,38 +89,14 @@ func TestNCCLMultiNode(t *testing.T) {
 }
 
 func runNCCLJob(t *testing.T, procs int, mode string) {
-	freePort := func() int {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		defer l.Close()
-		return l.Addr().(*net.TCPAddr).Port
-	}
-	port, port2 := freePort(), freePort()
-	token := make([]byte, 16)
-	rand.Read(token)
-	cmds := make([]*exec.Cmd, procs)
-	outs := make([]*bytes.Buffer, procs)
-	for r := range procs {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestNCCLMultiNodeChild$", "-test.v")
-		cmd.Env = append(childEnv(), envNCCLRank+"="+strconv.Itoa(r), envNCCLMode+"="+mode,
-			"RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(procs), "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1",
-			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port), bootstrap.AddrEnv+"=127.0.0.1:"+strconv.Itoa(port),
-			bootstrap.TokenEnv+"="+hex.EncodeToString(token),
-			"NCCL_HOSTID=goccl-test-host-"+strconv.Itoa(r), "NCCL_SOCKET_IFNAME=lo")
+	port2 := freePort(t)
+	cmds, outs := startNCCLHosts(t, "TestNCCLMultiNodeChild", procs, 4*time.Minute, func(r int) []string {
+		env := []string{envNCCLRank + "=" + strconv.Itoa(r), envNCCLMode + "=" + mode}
 		if mode == "sums" {
-			cmd.Env = append(cmd.Env, "GOCCL_TEST_ADDR2=127.0.0.1:"+strconv.Itoa(port2))
+			env = append(env, "GOCCL_TEST_ADDR2=127.0.0.1:"+strconv.Itoa(port2))
 		}
-		outs[r] = &bytes.Buffer{}
-		cmd.Stdout, cmd.Stderr = outs[r], outs[r]
-		require.NoError(t, cmd.Start())
-		cmds[r] = cmd
-	}
-	timer := time.AfterFunc(4*time.Minute, func() {
-		for _, c := range cmds {
-			c.Process.Kill()
-		}
+		return env
 	})
-	defer timer.Stop()
 	for r, c := range cmds {
 		err := c.Wait()
 		if mode == "killed" && r == procs-1 {
@@ -130,6 +106,47 @@ func runNCCLJob(t *testing.T, procs int, mode string) {
 		require.Contains(t, outs[r].String(), "nccl rank ok", "rank %d:\n%s", r, outs[r])
 	}
 	t.Logf("rank 0 output:\n%s", outs[0])
+}
+
+// freePort returns a TCP port of 127.0.0.1 that was free a moment ago.
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startNCCLHosts starts procs children of this test binary, each running test as rank r of
+// one job: torchrun's variables, a TCP bootstrap on a free port of 127.0.0.1 with a fresh job
+// token, and an NCCL_HOSTID of its own with NCCL's sockets on lo, so that NCCL takes every
+// process for a host of its own (several processes share the one GPU). env gives rank r's
+// other variables. The children are killed after limit; the caller waits for them.
+func startNCCLHosts(t *testing.T, test string, procs int, limit time.Duration, env func(r int) []string) ([]*exec.Cmd, []*bytes.Buffer) {
+	port := freePort(t)
+	token := make([]byte, 16)
+	rand.Read(token)
+	cmds := make([]*exec.Cmd, procs)
+	outs := make([]*bytes.Buffer, procs)
+	for r := range procs {
+		cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.v")
+		cmd.Env = append(childEnv(), env(r)...)
+		cmd.Env = append(cmd.Env,
+			"RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(procs), "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1",
+			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port), bootstrap.AddrEnv+"=127.0.0.1:"+strconv.Itoa(port),
+			bootstrap.TokenEnv+"="+hex.EncodeToString(token),
+			"NCCL_HOSTID=goccl-test-host-"+strconv.Itoa(r), "NCCL_SOCKET_IFNAME=lo")
+		outs[r] = &bytes.Buffer{}
+		cmd.Stdout, cmd.Stderr = outs[r], outs[r]
+		require.NoError(t, cmd.Start())
+		cmds[r] = cmd
+	}
+	timer := time.AfterFunc(limit, func() {
+		for _, c := range cmds {
+			c.Process.Kill()
+		}
+	})
+	t.Cleanup(func() { timer.Stop() })
+	return cmds, outs
 }
 
 // TestNCCLMultiNodeChild is one rank of TestNCCLMultiNode; it does nothing unless started by
