@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -376,54 +375,9 @@ func TestAllReduceResidualRMSNormRefusals(t *testing.T) {
 	t.Logf("rank 0: %v", err)
 }
 
-// loadNormKernel JIT-compiles the single-rank residual add + RMSNorm kernel for the device.
-func loadNormKernel(t testing.TB, ctx *driver.Context, dt dtype.DType) *driver.Function {
-	t.Helper()
-	major, minor, err := ctx.Device().ComputeCapability()
-	require.NoError(t, err)
-	target, err := ptx.TargetFor(major, minor)
-	require.NoError(t, err)
-	spec := ptx.NormSpec{DType: dt, Target: target}
-	src, err := spec.Generate()
-	require.NoError(t, err)
-	mod, err := ctx.LoadModule(spec.EntryName(), src)
-	require.NoError(t, err)
-	t.Cleanup(func() { mod.Close() })
-	fn, err := mod.Function(spec.EntryName())
-	require.NoError(t, err)
-	return fn
-}
-
-// launchNorm queues the single-rank kernel: residOut = sum + residual, normOut = its RMSNorm.
-func launchNorm(s *driver.Stream, fn *driver.Function, args *driver.Args, sum, residual, residOut, normOut, gamma driver.DevicePtr, rows, hidden int, dt dtype.DType, pdl bool) error {
-	hvec := hidden * dt.Size() / ptx.VectorBytes
-	args.Reset()
-	args.Ptr(sum)
-	args.Ptr(0) // no output tables: one rank
-	args.Ptr(0)
-	args.Ptr(residOut)
-	args.Ptr(normOut)
-	args.Ptr(residual)
-	args.Ptr(gamma)
-	args.U32(uint32(rows))
-	args.U32(uint32(hvec))
-	args.U32(0)
-	args.U32(math.Float32bits(fusedEps))
-	args.Ptr(0)
-	args.U64(0)
-	args.Bytes(make([]byte, 8), 8)
-	args.Bytes(make([]byte, 8), 8)
-	args.U32(0)
-	args.U64(0)
-	cfg := driver.LaunchConfig{Grid: [3]uint32{uint32(rows), 1, 1}, Block: [3]uint32{uint32(ptx.FusedThreads(hvec)), 1, 1}}
-	if pdl {
-		return driver.LaunchEx(s, fn, &cfg, args, true)
-	}
-	return driver.Launch(s, fn, &cfg, args)
-}
-
-// TestRMSNormKernel checks the single-rank kernel of the unfused pair bitwise against the
-// reference with one input, bf16 and f16.
+// TestRMSNormKernel checks the single-rank kernel of the unfused pair (Comm.ResidualRMSNorm)
+// bitwise against the reference with one input, bf16 and f16, every hidden size of fusedHidden
+// and row count of fusedRows, in place over the residual.
 func TestRMSNormKernel(t *testing.T) {
 	requireGPU(t)
 	rng := rand.New(rand.NewPCG(27, 28))
@@ -431,8 +385,6 @@ func TestRMSNormKernel(t *testing.T) {
 	rb, b := g.ranks[0], g.bufs[0]
 	ctx := rb.comm.Context()
 	for _, dt := range []dtype.DType{dtype.BFloat16, dtype.Float16} {
-		fn := loadNormKernel(t, ctx, dt)
-		var args driver.Args
 		for _, hidden := range fusedHidden {
 			for _, rows := range fusedRows {
 				fc := newFusedCase(rng, dt, 1, rows, hidden)
@@ -441,7 +393,8 @@ func TestRMSNormKernel(t *testing.T) {
 				require.NoError(t, ctx.CopyHtoD(b.residual, fc.residual))
 				require.NoError(t, ctx.CopyHtoD(b.gamma, fc.gamma))
 				require.NoError(t, ctx.MemsetD8(b.normOut, 0xFF, uint64(len(wantN))))
-				require.NoError(t, launchNorm(rb.stream, fn, &args, b.in, b.residual, b.residual, b.normOut, b.gamma, rows, hidden, dt, false))
+				require.NoError(t, rb.comm.ResidualRMSNorm(rb.stream, collective.FusedArgs{NormOut: b.normOut, ResidualOut: b.residual,
+					In: b.in, Residual: b.residual, Gamma: b.gamma, Rows: rows, Hidden: hidden, Eps: fusedEps, DType: dt}))
 				require.NoError(t, rb.stream.Synchronize())
 				for _, out := range []struct {
 					ptr  driver.DevicePtr
@@ -461,7 +414,7 @@ func TestRMSNormKernel(t *testing.T) {
 }
 
 // BenchmarkAllReduceResidualRMSNorm compares the fused call with the unfused pair (AllReduce
-// into a sum buffer, then goccl's single-rank residual add + RMSNorm kernel) in the fork/join
+// into a sum buffer, then Comm.ResidualRMSNorm) in the fork/join
 // harness of BenchmarkAllReduceForkJoin: one CUDA graph of 200 layers, registered inputs,
 // ResidualOut in place over the residual, bf16, hidden 8192, rows 1 to 512, at 2, 4 and 8
 // virtual ranks, Auto selection for both (the log says which algorithm each fused variant
@@ -497,18 +450,10 @@ func BenchmarkAllReduceResidualRMSNorm(b *testing.B) {
 					for r, rb := range g.ranks {
 						streams[r] = rb.stream
 					}
-					fn := loadNormKernel(b, g.ranks[0].comm.Context(), dt)
-					args := make([]driver.Args, ws)
-					// PDL as goccl launches its own kernels on sm_90
-					pdl := pdlDevice(b, g.ranks[0].comm.Context())
-					algo := collective.Auto
 					if fused {
 						// captured: the outputs count as shared
 						path, err := g.ranks[0].comm.FusedSelected(rows, hidden, dt, true)
 						require.NoError(b, err)
-						if algo != collective.Auto {
-							path = algo
-						}
 						b.Logf("fused: %v", path)
 					}
 					f := newHarness(b, g.ranks[0].comm.Context(), g.ranks[0].stream, streams)
@@ -516,12 +461,13 @@ func BenchmarkAllReduceResidualRMSNorm(b *testing.B) {
 						f.forkJoinLayer(b, true, func(r int, s *driver.Stream) {
 							c, bf := g.ranks[r].comm, g.bufs[r]
 							if fused {
-								require.NoError(b, c.AllReduceResidualRMSNormWith(s, g.args(r, fc, true, false), algo))
+								require.NoError(b, c.AllReduceResidualRMSNorm(s, g.args(r, fc, true, false)))
 								return
 							}
 							// the sum goes to residOut, which the in-place pair does not otherwise use
 							require.NoError(b, c.AllReduce(s, bf.residOut, bf.in, rows*hidden, dt))
-							require.NoError(b, launchNorm(s, fn, &args[r], bf.residOut, bf.residual, bf.residual, bf.normOut, bf.gamma, rows, hidden, dt, pdl))
+							require.NoError(b, c.ResidualRMSNorm(s, collective.FusedArgs{NormOut: bf.normOut, ResidualOut: bf.residual,
+								In: bf.residOut, Residual: bf.residual, Gamma: bf.gamma, Rows: rows, Hidden: hidden, Eps: fusedEps, DType: dt}))
 						})
 					})
 					defer x.Close()
@@ -541,13 +487,6 @@ func BenchmarkAllReduceResidualRMSNorm(b *testing.B) {
 			}
 		}
 	}
-}
-
-// pdlDevice reports whether kernels on ctx's device may be launched with PDL (sm_90 on).
-func pdlDevice(b testing.TB, ctx *driver.Context) bool {
-	major, _, err := ctx.Device().ComputeCapability()
-	require.NoError(b, err)
-	return major >= 9
 }
 
 // runFusedNCCL checks the fused call's NCCL route on comm, one of size ranks that NCCL alone
