@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -37,6 +38,20 @@ func openFDs(t *testing.T) int {
 	ents, err := os.ReadDir("/proc/self/fd")
 	require.NoError(t, err)
 	return len(ents)
+}
+
+// assertNoFDLeak asserts that the process is back to want open descriptors. The goroutines of
+// a finished exchange (a fake root's listener, say) close theirs a moment after the calls
+// return, so the count is read until it matches, for at most two seconds.
+func assertNoFDLeak(t *testing.T, want int) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	got := openFDs(t)
+	for got != want && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+		got = openFDs(t)
+	}
+	assert.Equal(t, want, got, "descriptors leaked")
 }
 
 // allocated is how many bytes this process has allocated so far.
