@@ -73,7 +73,11 @@
 // its own call and zeroes it, in the same call also where the data's re-arm is
 // deferred; Mismatches makes one rank send another call (same shape). Reports
 // must be exactly the differing pairs (ErrFalseMismatch, ErrMissedMismatch);
-// the broken HeadersNotRearmed must be caught by a false mismatch.
+// the broken HeadersNotRearmed must be caught by a false mismatch. Fused push
+// calls (PushConfig.Fused) send the same way but receive row by row, a row's
+// elements taken by one block or spread over several, never defer their re-arm
+// and do the one a plain call before them deferred; interleaved with plain
+// calls, every sum must still be right.
 //
 // One-shot exit barrier and staging (OneShot). Between calls the buffer a rank's
 // peers read is overwritten by the next call's staging, which only waits for the

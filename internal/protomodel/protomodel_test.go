@@ -375,3 +375,50 @@ func TestPushCallHeaders(t *testing.T) {
 		})
 	}
 }
+
+// TestPushFused interleaves plain and fused push calls on one set of receive buffers, parts
+// and call headers: the fused calls receive row by row (rows spread over several blocks where
+// they are few), a mapping other than their send's, never defer their re-arm, and do the
+// re-arm a plain call before them deferred. No sum may be wrong and nothing may hang.
+func TestPushFused(t *testing.T) {
+	for _, v := range []PushVariant{Immediate, Deferred} {
+		for _, c := range []PushConfig{
+			{Ranks: 2, Blocks: 4, Threads: 4, Elems: 48, Rounds: 200, Start: 1},
+			{Ranks: 3, Blocks: 5, Threads: 3, Elems: 40, Rounds: 150},
+			{Ranks: 8, Blocks: 4, Threads: 4, Elems: 32, Rounds: 60, Start: 1},
+		} {
+			t.Run(fmt.Sprintf("%v_ws%d_b%d", v, c.Ranks, c.Blocks), func(t *testing.T) {
+				c.Variant, c.Fused, c.Seed = v, true, uint64(c.Ranks)
+				st, err := Push(testContext(t), c)
+				require.NoError(t, err)
+				assert.Equal(t, c.Ranks*c.Blocks*c.Rounds, st.Rounds)
+				assert.Positive(t, st.Ahead)
+			})
+		}
+	}
+}
+
+// TestFusedElemsCover: a fused push call's receive mapping takes every element of every row
+// exactly once, with rows spread over pieces blocks and with one block taking several rows.
+func TestFusedElemsCover(t *testing.T) {
+	for _, c := range []struct {
+		blocks int
+		call   pushCall
+	}{
+		{4, pushCall{elems: 2 * 10, threads: 3, hvec: 10, pieces: 2}},
+		{3, pushCall{elems: 7 * 5, threads: 2, hvec: 5, pieces: 1}},
+		{8, pushCall{elems: 1 * 33, threads: 4, hvec: 33, pieces: 8}},
+	} {
+		seen := make([]int, c.call.elems)
+		for b := range c.blocks {
+			for th := range c.call.threads {
+				for _, i := range fusedElems(b, th, c.blocks, c.call) {
+					seen[i]++
+				}
+			}
+		}
+		for i, n := range seen {
+			assert.Equal(t, 1, n, "%+v: element %d", c, i)
+		}
+	}
+}

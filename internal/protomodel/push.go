@@ -87,6 +87,12 @@ type PushConfig struct {
 	Stall time.Duration
 	// Headers is the call-header protocol; the zero value is the kernels'.
 	Headers HeaderVariant
+	// Fused makes about half the calls fused push calls (the all-reduce +
+	// RMSNorm kernel's protocol, docs/kernel-abi.md "fused push"): the plain
+	// send, a receive row by row whose mapping differs from the send's (a row
+	// spread over several blocks where rows are few), its re-arm never
+	// deferred, and the re-arm a previous plain call deferred done as push does.
+	Fused bool
 	// Mismatches lists the calls (0, 1, ..) in which rank call%Ranks sends a
 	// different call header (the same shape and data: another element type).
 	Mismatches []int
@@ -118,10 +124,16 @@ func (v HeaderVariant) String() string {
 	return fmt.Sprintf("HeaderVariant(%d)", int(v))
 }
 
-// pushCall is the shape of one call, the same on every rank.
+// pushCall is the shape of one call, the same on every rank. A fused push call
+// (hvec > 0) sends like a plain one but receives row by row: elems/hvec rows of
+// hvec elements, each row spread over pieces blocks (see fusedElems).
 type pushCall struct {
 	elems, threads int
+	hvec, pieces   int
 }
+
+// fused reports whether the call is a fused push call.
+func (c pushCall) fused() bool { return c.hvec > 0 }
 
 // pushModel is the memory of a push run.
 type pushModel struct {
@@ -239,6 +251,17 @@ func (m *pushModel) data() error {
 			limit = min(limit, cfg.Blocks*c.threads)
 		}
 		c.elems = 1 + rng.IntN(limit)
+		if cfg.Fused && rng.IntN(2) == 0 {
+			// rows of hvec elements; a row over pieces blocks only where every block has at
+			// most one piece (rows*pieces <= Blocks), as the host launches it
+			c.hvec = 1 + rng.IntN(cfg.Elems)
+			rows := 1 + rng.IntN(cfg.Elems/c.hvec)
+			c.elems = rows * c.hvec
+			c.pieces = 1
+			if p := 1 + rng.IntN(4); rows*p <= cfg.Blocks {
+				c.pieces = p
+			}
+		}
 	}
 	m.in = make([][][]uint32, cfg.Rounds)
 	m.want = make([][]uint32, cfg.Rounds)
@@ -322,7 +345,14 @@ func (m *pushModel) threadOps(rank, b, th int, call pushCall, part, prev int, pe
 			}
 		}
 	}
-	for _, i := range mine {
+	recv := mine
+	if call.fused() {
+		recv = nil
+		if th < call.threads {
+			recv = fusedElems(b, th, m.cfg.Blocks, call)
+		}
+	}
+	for _, i := range recv {
 		for s := range ws {
 			ops = append(ops, pushOp{opReceive, rank, part, s, i})
 		}
@@ -341,6 +371,25 @@ func (m *pushModel) threadOps(rank, b, th int, call pushCall, part, prev int, pe
 	return ops
 }
 
+// fusedElems lists the elements thread th of block b receives in a fused push call:
+// a row has T = pieces*threads virtual threads, vt taking the row's elements vt,
+// vt+T, ..; block b takes piece b mod pieces (vt = piece*threads + th) of row b /
+// pieces, and with one piece rows b, b+blocks, ...
+func fusedElems(b, th, blocks int, c pushCall) []int {
+	rows, T := c.elems/c.hvec, c.pieces*c.threads
+	vt := (b%c.pieces)*c.threads + th
+	var elems []int
+	for row := b / c.pieces; row < rows; row += blocks {
+		for vi := vt; vi < c.hvec; vi += T {
+			elems = append(elems, row*c.hvec+vi)
+		}
+		if c.pieces > 1 {
+			break
+		}
+	}
+	return elems
+}
+
 // block runs block b of rank for call k: one kernel block of the push
 // algorithm, its threads' steps interleaved in a random order. It returns the
 // number of elements it summed.
@@ -357,8 +406,9 @@ func (m *pushModel) block(rank, b, k int, j *jitter) (summed int) {
 		elems:   int(m.sig[rank][pushPendingWord(b, 0)].Load()),
 		threads: int(m.sig[rank][pushPendingWord(b, 1)].Load()),
 	}
-	// the kernel's rule: defer when every thread has at most one element
-	deferred := cfg.Variant.defers() && call.elems <= cfg.Blocks*call.threads
+	// the kernel's rule: defer when every thread has at most one element (the fused
+	// push never defers)
+	deferred := cfg.Variant.defers() && call.elems <= cfg.Blocks*call.threads && !call.fused()
 	for p := range cfg.Ranks {
 		if m.done[p][b].Load() < int64(k) {
 			m.run.ahead.Add(1)
