@@ -196,11 +196,7 @@ func TestCallMismatch(t *testing.T) {
 					}
 					require.NoError(t, rb.comm.AllReduce(rb.stream, rb.out, rb.in, s.count, s.dt))
 				}
-				wctx, cancel := context.WithTimeout(context.Background(), 4*timeout)
-				defer cancel()
-				for r, rb := range g.ranks {
-					require.NoError(t, rb.stream.Wait(wctx), "rank %d", r)
-				}
+				g.waitAll(4 * timeout)
 				// Rank 0 differs from every peer, so it sees the mismatch itself.
 				err := g.ranks[0].comm.Err()
 				require.ErrorIs(t, err, collective.ErrCallMismatch, "rank 0 (after %v)", time.Since(start))
@@ -252,11 +248,7 @@ func TestStagingMismatch(t *testing.T) {
 				}
 				require.NoError(t, rb.comm.AllReduce(rb.stream, dst, src, count, dtype.BFloat16))
 			}
-			wctx, cancel := context.WithTimeout(context.Background(), 4*timeout)
-			defer cancel()
-			for r, rb := range g.ranks {
-				require.NoError(t, rb.stream.Wait(wctx), "rank %d", r)
-			}
+			g.waitAll(4 * timeout)
 			err := g.ranks[0].comm.Err()
 			require.ErrorIs(t, err, collective.ErrCallMismatch, "rank 0 (after %v)", time.Since(start))
 			var ke *collective.KernelError

@@ -146,26 +146,48 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 	hvec := a.Hidden * a.DType.Size() / ptx.VectorBytes
 	blocks, threads := fusedShape(algo, a.Rows, hvec, c.size, c.fusedLimit(occ))
 	ws8 := 8 * c.size
-	args := &c.args
+	p := fusedParams{inputs: inputs, residOuts: residOuts, normOuts: normOuts, a: &a, hvec: hvec,
+		rank: c.rank, errRec: c.errRec.DevicePtr(), timeout: c.timeout, sig: c.sig[:ws8], buf: c.tmp[:ws8],
+		flags: c.fusedFlags(blocks, a.NoNorm), call: ptx.FusedCall(kernel, a.DType, a.Rows, a.Hidden, a.NoNorm).Fingerprint()}
+	p.pack(&c.args)
+	return c.launch(stream, fn, blocks, threads, &c.args)
+}
+
+// fusedParams are the values of one launch of a kernel with ptx.FusedParams' list: the fused
+// all-reduce, and with no tables, peers, error record or call, the single-rank norm kernel.
+type fusedParams struct {
+	// inputs is p_inputs: the registration slot of the ranks' In, or (one rank) In itself;
+	// residOuts and normOuts the direct two-shot's output tables, else 0.
+	inputs, residOuts, normOuts driver.DevicePtr
+	a                           *FusedArgs
+	hvec, rank                  int
+	errRec                      driver.DevicePtr
+	timeout                     uint64
+	sig, buf                    []byte // p_sig and p_buf: a pointer (8 bytes) per rank
+	flags                       uint32
+	call                        uint64
+}
+
+// pack writes the launch's arguments into args in ptx.FusedParams order.
+func (p *fusedParams) pack(args *driver.Args) {
 	args.Reset()
-	args.Ptr(inputs)
-	args.Ptr(residOuts)
-	args.Ptr(normOuts)
-	args.Ptr(a.ResidualOut)
-	args.Ptr(a.NormOut)
-	args.Ptr(a.Residual)
-	args.Ptr(a.Gamma)
-	args.U32(uint32(a.Rows))
-	args.U32(uint32(hvec))
-	args.U32(uint32(c.rank))
-	args.U32(math.Float32bits(a.Eps))
-	args.Ptr(c.errRec.DevicePtr())
-	args.U64(c.timeout)
-	args.Bytes(c.sig[:ws8], 8)
-	args.Bytes(c.tmp[:ws8], 8)
-	args.U32(c.fusedFlags(blocks, a.NoNorm))
-	args.U64(ptx.FusedCall(kernel, a.DType, a.Rows, a.Hidden, a.NoNorm).Fingerprint())
-	return c.launch(stream, fn, blocks, threads, args)
+	args.Ptr(p.inputs)
+	args.Ptr(p.residOuts)
+	args.Ptr(p.normOuts)
+	args.Ptr(p.a.ResidualOut)
+	args.Ptr(p.a.NormOut)
+	args.Ptr(p.a.Residual)
+	args.Ptr(p.a.Gamma)
+	args.U32(uint32(p.a.Rows))
+	args.U32(uint32(p.hvec))
+	args.U32(uint32(p.rank))
+	args.U32(math.Float32bits(p.a.Eps))
+	args.Ptr(p.errRec)
+	args.U64(p.timeout)
+	args.Bytes(p.sig, 8)
+	args.Bytes(p.buf, 8)
+	args.U32(p.flags)
+	args.U64(p.call)
 }
 
 // fusedFlags are the p_flags of a fused launch of blocks blocks.

@@ -358,11 +358,7 @@ func TestAllReduceResidualRMSNormRefusals(t *testing.T) {
 		}
 		require.NoError(t, rb.comm.AllReduceResidualRMSNormWith(rb.stream, a, collective.OneShot))
 	}
-	wctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	for _, rb := range g.ranks {
-		require.NoError(t, rb.stream.Wait(wctx))
-	}
+	g.waitAll(20 * time.Second)
 	err := g.ranks[0].comm.Err()
 	require.ErrorIs(t, err, collective.ErrCallMismatch, "after %v", time.Since(start))
 	var ke *collective.KernelError

@@ -201,6 +201,20 @@ func ipRun(t *testing.T, g *group, rng *rand.Rand, dt dtype.DType, used int, cal
 	}
 }
 
+// scopeSetup is a subtest's world size and barrier scope (Options.SystemScope).
+type scopeSetup struct {
+	ws          int
+	systemScope bool
+}
+
+// String names the subtest: ws<N>, with -systemscope for system-scope barriers.
+func (su scopeSetup) String() string {
+	if su.systemScope {
+		return fmt.Sprintf("ws%d-systemscope", su.ws)
+	}
+	return fmt.Sprintf("ws%d", su.ws)
+}
+
 // TestAllReduceInPlaceOneShot runs OneShot in place (and with inputs the peers cannot read in
 // place) at 2 to 16 virtual ranks, both barrier scopes, every element type and counts with odd
 // tails, eager and captured, with unregistered and registered inputs, and compares every
@@ -208,16 +222,8 @@ func ipRun(t *testing.T, g *group, rng *rand.Rand, dt dtype.DType, used int, cal
 func TestAllReduceInPlaceOneShot(t *testing.T) {
 	requireGPU(t)
 	rng := rand.New(rand.NewPCG(11, 12))
-	type setup struct {
-		ws          int
-		systemScope bool
-	}
-	for _, su := range []setup{{2, false}, {4, false}, {8, false}, {16, false}, {4, true}, {8, true}} {
-		name := fmt.Sprintf("ws%d", su.ws)
-		if su.systemScope {
-			name += "-systemscope"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, su := range []scopeSetup{{2, false}, {4, false}, {8, false}, {16, false}, {4, true}, {8, true}} {
+		t.Run(su.String(), func(t *testing.T) {
 			g := newGroup(t, virtualRanks(su.ws), collective.Options{Timeout: 5 * time.Second, SystemScope: su.systemScope}, 1<<20)
 			for _, dt := range dtype.All {
 				regions, used := ipLayout(dt, ipCounts)
@@ -277,16 +283,8 @@ func ipRegisterAll(t testing.TB, g *group, reg ipRegion) []*collective.Registrat
 // graph and replayed.
 func TestAllReduceInPlaceStagingReuse(t *testing.T) {
 	requireGPU(t)
-	type setup struct {
-		ws          int
-		systemScope bool
-	}
-	for _, su := range []setup{{2, false}, {8, false}, {16, false}, {8, true}} {
-		name := fmt.Sprintf("ws%d", su.ws)
-		if su.systemScope {
-			name += "-systemscope"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, su := range []scopeSetup{{2, false}, {8, false}, {16, false}, {8, true}} {
+		t.Run(su.String(), func(t *testing.T) {
 			g := newGroup(t, virtualRanks(su.ws), collective.Options{Timeout: 5 * time.Second, SystemScope: su.systemScope}, 8<<20)
 			for _, dt := range dtype.All {
 				rng := rand.New(rand.NewPCG(uint64(su.ws), uint64(dt)))

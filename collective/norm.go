@@ -2,7 +2,6 @@ package collective
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/goccl/goccl/driver"
 	"github.com/goccl/goccl/dtype"
@@ -62,28 +61,12 @@ func (c *Comm) residualRMSNorm(stream *driver.Stream, fn *driver.Function, a Fus
 	if a.NoNorm {
 		flags |= ptx.FlagNoNorm
 	}
-	// ptx.FusedParams(1); p_rank, p_err, p_timeout, p_sig, p_buf and p_call are unused
-	// by the single-rank kernel (no peer, no barrier).
-	args := &c.args
-	args.Reset()
-	args.Ptr(a.In)
-	args.Ptr(0) // no output tables: one rank
-	args.Ptr(0)
-	args.Ptr(a.ResidualOut)
-	args.Ptr(a.NormOut)
-	args.Ptr(a.Residual)
-	args.Ptr(a.Gamma)
-	args.U32(uint32(a.Rows))
-	args.U32(uint32(hvec))
-	args.U32(0)
-	args.U32(math.Float32bits(a.Eps))
-	args.Ptr(0)
-	args.U64(0)
-	args.Bytes(noPeer[:], 8)
-	args.Bytes(noPeer[:], 8)
-	args.U32(flags)
-	args.U64(0)
-	return c.launch(stream, fn, blocks, threads, args)
+	// ptx.FusedParams(1): p_inputs is In itself; no output tables (one rank); p_rank, p_err,
+	// p_timeout, p_sig, p_buf and p_call are unused by the single-rank kernel (no peer, no
+	// barrier).
+	p := fusedParams{inputs: a.In, a: &a, hvec: hvec, sig: noPeer[:], buf: noPeer[:], flags: flags}
+	p.pack(&c.args)
+	return c.launch(stream, fn, blocks, threads, &c.args)
 }
 
 // noPeer is the single-rank kernel's p_sig and p_buf: one unused pointer each.

@@ -141,15 +141,7 @@ func TestUnloadKernelsLeaks(t *testing.T) {
 		startupGroup(t, 2, collective.Options{})
 		require.NoError(t, collective.UnloadKernels())
 	}
-	round() // warm: driver state, caches
-	free0, _, err := dev.MemInfo()
-	require.NoError(t, err)
-	for range 10 {
-		round()
-	}
-	free1, _, err := dev.MemInfo()
-	require.NoError(t, err)
-	require.InDelta(t, float64(free0), float64(free1), 4<<20, "device memory leaked: free %d -> %d", free0, free1)
+	requireNoDeviceLeak(t, dev, 10, round)
 }
 
 // BenchmarkNewGroup measures a NewGroup and Close of 2 and 8 virtual ranks: "cached" with

@@ -79,11 +79,7 @@ func TestByteSize(t *testing.T) {
 // TestUsageErrors checks that every bad command line exits with 2 and a
 // message naming the flag, before touching the GPU.
 func TestUsageErrors(t *testing.T) {
-	useFake(t, 1, func(engineConfig) (engine, error) {
-		t.Fatal("a usage error must not build an engine")
-		return nil, nil
-	})
-	for args, want := range map[string]string{
+	assertUsageErrors(t, map[string]string{
 		"-b 101":                 "-b 101: must be a whole number of bf16 elements, at least one: a positive multiple of 2 bytes",
 		"-b 0":                   "-b 0: must be a whole number of bf16 elements",
 		"-b 16 -e 1002 -d f32":   "-e 1002: must be a whole number of f32 elements, at least one: a positive multiple of 4 bytes",
@@ -114,7 +110,19 @@ func TestUsageErrors(t *testing.T) {
 		"--topo --json":                       "--topo prints text only",
 		"-n 5 extra":                          `unexpected argument "extra"`,
 		"--bogus":                             "flag provided but not defined: -bogus",
-	} {
+	})
+}
+
+// assertUsageErrors runs each command line (a key of cases) and checks that it exits with 2,
+// prints nothing on stdout and names its mistake (the value) on stderr, without building an
+// engine.
+func assertUsageErrors(t *testing.T, cases map[string]string) {
+	t.Helper()
+	useFake(t, 1, func(engineConfig) (engine, error) {
+		t.Fatal("a usage error must not build an engine")
+		return nil, nil
+	})
+	for args, want := range cases {
 		var out, errOut bytes.Buffer
 		assert.Equal(t, exitUsage, run(strings.Fields(args), &out, &errOut), args)
 		assert.Empty(t, out.String(), args)

@@ -458,14 +458,7 @@ func renderFusedBlock(w io.Writer, r *report, b fusedBlock) {
 	for _, row := range b.Rows {
 		fmt.Fprintln(w, line(func(c fusedColumn) string { return c.cell(row) }))
 	}
-	switch {
-	case !r.Check:
-		fmt.Fprintln(w, "# Out of bounds values : N/A (not checked, -c 0)")
-	case b.Wrong == 0:
-		fmt.Fprintln(w, "# Out of bounds values : 0 OK")
-	default:
-		fmt.Fprintf(w, "# Out of bounds values : %d FAILED\n", b.Wrong)
-	}
+	renderWrong(w, r, b.Wrong)
 	if fused {
 		fmt.Fprintf(w, "# Avg ratio            : %.2f (geometric mean of fused / unfused)\n", b.AvgRatio)
 	}

@@ -97,29 +97,29 @@ func (e *gpuEngine) RunFused(ctx context.Context, c FusedCase) (m FusedMeasureme
 		return comm.ResidualRMSNorm(r.stream, a)
 	}
 
+	// checked runs call on every rank, waits for it and compares its outputs.
+	checked := func(call func(*engineRank) error, compare func() error) error {
+		if err := e.parallel(call); err != nil {
+			return err
+		}
+		if err := e.wait(ctx); err != nil {
+			return err
+		}
+		return compare()
+	}
 	if c.Check {
 		// Out of place, into poisoned outputs: an element that no kernel wrote cannot pass.
 		if withFused {
-			if err := e.parallel(func(r *engineRank) error { return fused(r, true) }); err != nil {
-				return m, err
-			}
-			if err := e.wait(ctx); err != nil {
-				return m, err
-			}
-			if err := e.compareFused(c, fusedPath, data, bufs, &m); err != nil {
+			if err := checked(func(r *engineRank) error { return fused(r, true) },
+				func() error { return e.compareFused(c, fusedPath, data, bufs, &m) }); err != nil {
 				return m, err
 			}
 			if err := e.poisonOutputs(c, bufs); err != nil {
 				return m, err
 			}
 		}
-		if err := e.parallel(func(r *engineRank) error { return pair(r, true) }); err != nil {
-			return m, err
-		}
-		if err := e.wait(ctx); err != nil {
-			return m, err
-		}
-		if err := e.comparePair(c, pairPath, data, bufs, &m); err != nil {
+		if err := checked(func(r *engineRank) error { return pair(r, true) },
+			func() error { return e.comparePair(c, pairPath, data, bufs, &m) }); err != nil {
 			return m, err
 		}
 	}
@@ -193,12 +193,8 @@ func (e *gpuEngine) allocFused(ctx context.Context, c FusedCase, nbytes int64, r
 // buffers. If a kernel is still stuck, the memory is left allocated (freeing it under a
 // running kernel would block) and the error says so.
 func (e *gpuEngine) freeFused(bufs map[*engineRank]*fusedRank) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*e.cfg.Timeout+10*time.Second)
-	defer cancel()
-	for _, s := range e.streams() {
-		if err := s.Wait(ctx); err != nil {
-			return fmt.Errorf("fused calls still running, their buffers left allocated: %w", err)
-		}
+	if err := waitIdle(e.streams(), e.cfg.Timeout); err != nil {
+		return fmt.Errorf("fused calls still running, their buffers left allocated: %w", err)
 	}
 	var errs []error
 	for r, b := range bufs {

@@ -573,12 +573,8 @@ func (e *gpuEngine) parallel(fn func(r *engineRank) error) error {
 // for a bounded time: if a kernel is still stuck, the memory is left allocated (freeing it
 // under a running kernel would block) and the error says so.
 func (e *gpuEngine) Close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*e.cfg.Timeout+10*time.Second)
-	defer cancel()
-	for _, s := range e.streams() {
-		if err := s.Wait(ctx); err != nil {
-			return fmt.Errorf("close: all-reduces still running, GPU memory left allocated: %w", err)
-		}
+	if err := waitIdle(e.streams(), e.cfg.Timeout); err != nil {
+		return fmt.Errorf("close: all-reduces still running, GPU memory left allocated: %w", err)
 	}
 	var errs []error
 	for _, r := range e.ranks {
@@ -636,4 +632,18 @@ func (e *gpuEngine) streams() []*driver.Stream {
 		}
 	}
 	return s
+}
+
+// waitIdle waits for streams before their buffers are freed, for at most twice the watchdog's
+// timeout and 10 s more: a kernel still running after that is stuck, and freeing memory under
+// it would block, so the caller leaves that memory allocated and says so.
+func waitIdle(streams []*driver.Stream, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*timeout+10*time.Second)
+	defer cancel()
+	for _, s := range streams {
+		if err := s.Wait(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
 }

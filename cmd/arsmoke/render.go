@@ -122,7 +122,7 @@ func renderBlock(w io.Writer, r *report, b block) {
 		}
 		fmt.Fprintln(w)
 	}
-	renderWrong(w, r, b)
+	renderWrong(w, r, b.Wrong)
 	fmt.Fprintf(w, "# Avg bus bandwidth    : %.4f\n#\n", b.AvgBusBW)
 }
 
@@ -148,7 +148,7 @@ func renderBoth(w io.Writer, r *report, b block) {
 		}
 		fmt.Fprintln(w)
 	}
-	renderWrong(w, r, b)
+	renderWrong(w, r, b.Wrong)
 	fmt.Fprintf(w, "# Avg bus bandwidth    : %.4f goccl, %.4f nccl\n", b.AvgBusBW, b.NCCLAvgBusBW)
 	fmt.Fprintf(w, "# Avg speedup          : %.2fx (geometric mean of NCCL's time / goccl's)\n#\n", b.AvgSpeedup)
 }
@@ -160,14 +160,15 @@ func wrongCell(r *report, wrong int64) string {
 	return fmt.Sprint(wrong)
 }
 
-func renderWrong(w io.Writer, r *report, b block) {
+// renderWrong prints a block's footer line of wrong elements (wrong in all).
+func renderWrong(w io.Writer, r *report, wrong int64) {
 	switch {
 	case !r.Check:
 		fmt.Fprintln(w, "# Out of bounds values : N/A (not checked, -c 0)")
-	case b.Wrong == 0:
+	case wrong == 0:
 		fmt.Fprintln(w, "# Out of bounds values : 0 OK")
 	default:
-		fmt.Fprintf(w, "# Out of bounds values : %d FAILED\n", b.Wrong)
+		fmt.Fprintf(w, "# Out of bounds values : %d FAILED\n", wrong)
 	}
 }
 

@@ -35,10 +35,15 @@ func runFake(t *testing.T, visible int, f *fakeEngine, args ...string) (code int
 	return code, out.String(), errOut.String(), cfg
 }
 
-// golden compares got with testdata/name, or rewrites it under -update.
+// golden compares got with testdata/name.json (a case named ...json) or testdata/name.txt,
+// or rewrites it under -update.
 func golden(t *testing.T, name, got string) {
 	t.Helper()
-	path := filepath.Join("testdata", name)
+	ext := ".txt"
+	if strings.HasSuffix(name, "json") {
+		ext = ".json"
+	}
+	path := filepath.Join("testdata", name+ext)
 	if *update {
 		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
 	}
@@ -106,11 +111,7 @@ func TestGolden(t *testing.T) {
 				assert.Equal(t, tc.stderr, stderr)
 			}
 			assert.True(t, f.closed, "the engine must be closed")
-			ext := ".txt"
-			if strings.HasSuffix(tc.name, "json") {
-				ext = ".json"
-			}
-			golden(t, tc.name+ext, stdout)
+			golden(t, tc.name, stdout)
 		})
 	}
 }

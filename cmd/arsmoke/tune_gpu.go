@@ -229,12 +229,8 @@ func (t *gpuTuner) closeGrid() error {
 	reg, plain := t.reg, t.plain
 	t.reg, t.plain = nil, nil
 	// Nothing may still read the plain buffers: wait for the streams first (Close would).
-	ctx, cancel := context.WithTimeout(context.Background(), 2*t.cfg.Timeout+10*time.Second)
-	defer cancel()
-	for _, s := range reg.streams() {
-		if err := s.Wait(ctx); err != nil {
-			return fmt.Errorf("all-reduces still running, GPU memory left allocated: %w", err)
-		}
+	if err := waitIdle(reg.streams(), t.cfg.Timeout); err != nil {
+		return fmt.Errorf("all-reduces still running, GPU memory left allocated: %w", err)
 	}
 	var errs []error
 	for _, p := range plain.ranks {
