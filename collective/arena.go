@@ -14,9 +14,11 @@ func newArenaLayout(o Options, worldSize int) arenaLayout {
 	var l arenaLayout
 	l.staging = ptx.SignalBytes
 	l.tmp = l.staging + uint64(o.MaxBytes)
-	// TwoShot's tmp holds the largest shard: nvec/ws + nvec%ws vectors.
+	// TwoShot's tmp holds the largest shard: nvec/ws + nvec%ws vectors; then room for the
+	// fused two-shot's inv slots (ptx.FusedInvBytes), so that a band of whole rows that fills
+	// the shard fits with them.
 	maxVec := uint64(o.MaxBytes) / ptx.VectorBytes
-	l.recv = l.tmp + (maxVec/uint64(worldSize)+uint64(worldSize))*ptx.VectorBytes
+	l.recv = l.tmp + (maxVec/uint64(worldSize)+uint64(worldSize))*ptx.VectorBytes + uint64(ptx.FusedInvBytes(0))
 	l.recvSlot = uint64(ptx.PushSlotBytes(o.PushMaxBytes))
 	l.total = l.recv + uint64(ptx.PushParts(worldSize)*worldSize)*l.recvSlot
 	return l

@@ -280,28 +280,59 @@ func (c *Comm) fusedLimit(occ int) int {
 }
 
 // fusedShape is the grid of a fused launch: one block per row (OneShot) or per row of the
-// largest band (TwoShot, ceil(rows/ws)), at most limit, each of ptx.FusedThreads threads.
+// largest band (TwoShot, ceil(rows/ws)), each of ptx.FusedThreads threads, at most limit. A
+// TwoShot band of few rows has each row spread over several blocks of fewer threads
+// (ptx.FusedPieces), so that more SMs move the band's data; the blocks of a row then meet
+// once in the kernel to add their sums of squares, which costs about what the spread saves
+// at a row or two a rank (OneShot never spreads: its rows are already read by every rank).
 // Every rank computes the same shape from the same call.
 func fusedShape(algo Algorithm, rows, rowVectors, worldSize, limit int) (blocks, threads int) {
-	work := rows
-	if algo == TwoShot {
-		work = (rows + worldSize - 1) / worldSize
+	if algo != TwoShot {
+		return max(1, min(limit, rows)), ptx.FusedThreads(rowVectors)
 	}
-	return max(1, min(limit, work)), ptx.FusedThreads(rowVectors)
+	band := (rows + worldSize - 1) / worldSize
+	pieces, threads := ptx.FusedPieces(band, rowVectors, limit, fusedMinThreads)
+	return max(1, min(limit, band*pieces)), threads
 }
 
-// fusedTwoShotRowsPerRank is the fewest rows per rank for which the fused TwoShot is chosen.
-const fusedTwoShotRowsPerRank = 8
+// fusedMinThreads is the smallest block a TwoShot launch spreads a row over: two warps, as
+// the plain kernels' smallest blocks (MinThreadsPerBlock).
+const fusedMinThreads = MinThreadsPerBlock
 
-// selectFused is the fused call's selection table: OneShot below fusedTwoShotRowsPerRank rows
-// a rank, then OneShot up to the plain all-reduce's OneShot limit (direct: both outputs
-// shared, so that TwoShot writes the finished rows straight into them), TwoShot above.
+// fusedTwoShotRowsPerRank is the fewest rows per rank for which the fused TwoShot is chosen
+// at worldSize ranks; 0 leaves calls of at least fusedPlainTableRowsPerRank rows a rank to the
+// plain all-reduce's table.
+func fusedTwoShotRowsPerRank(worldSize int) int {
+	switch {
+	case worldSize >= 8:
+		return 3
+	case worldSize >= 4:
+		return 24
+	}
+	return 0
+}
+
+// fusedPlainTableRowsPerRank is where the fused call of 2 or 3 ranks starts to follow the plain
+// all-reduce's table.
+const fusedPlainTableRowsPerRank = 8
+
+// selectFused is the fused call's selection table. From 4 ranks: TwoShot from
+// fusedTwoShotRowsPerRank rows a rank, OneShot below. Measured with virtual ranks on an H200,
+// hidden 8192 bf16, one graph per rank (arsmoke --fused -g, -a oneshot against -a twoshot):
+// at 8 ranks TwoShot, its few rows a rank spread over several blocks (fusedShape), took 9.96
+// against OneShot's 10.65 us at 24 rows and 11.80 against 17.59 at 64, but 9.65 against 8.14
+// at 16; at 4 ranks 8.43 against 10.07 at 96 rows and 8.40 against 7.01 at 64. At 2 and 3
+// ranks, OneShot below fusedPlainTableRowsPerRank rows a rank (TwoShot's reduce would have a
+// handful of rows), then the plain table (direct: both outputs shared, so that TwoShot writes
+// the finished rows straight into them).
 func selectFused(major, worldSize, rows int, nbytes int64, direct, gpuScope bool) Algorithm {
-	if rows < fusedTwoShotRowsPerRank*worldSize {
-		// TwoShot's reduce runs one block per row of the rank's band: with few rows per rank
-		// it moves its share through a handful of blocks while OneShot spreads every row
-		// over the whole grid. 8 virtual ranks on an H200, hidden 8192 bf16 (arsmoke --fused
-		// -g): TwoShot 11.0 us at 8 rows, where the unfused pair took 8.2.
+	if from := fusedTwoShotRowsPerRank(worldSize); from > 0 {
+		if rows >= from*worldSize {
+			return TwoShot
+		}
+		return OneShot
+	}
+	if rows < fusedPlainTableRowsPerRank*worldSize {
 		return OneShot
 	}
 	// pushMax 0: the plain table never answers Push.

@@ -95,11 +95,12 @@ func TestRouteFused(t *testing.T) {
 		{c, 64, TwoShot, "1 MiB over 8 ranks"},
 		{c, 1, OneShot, "16 KiB over 8 ranks: the fused call has no push"},
 		{c, 2, OneShot, "32 KiB over 8 ranks, fewer rows than ranks"},
-		{c, 63, OneShot, "63 rows over 8 ranks: fewer than fusedTwoShotRowsPerRank a rank"},
+		{c, 23, OneShot, "23 rows over 8 ranks: fewer than fusedTwoShotRowsPerRank a rank"},
+		{c, 24, TwoShot, "24 rows over 8 ranks"},
 		{newComm(Auto, 4, 1<<20), 4, OneShot, "64 KiB over 4 ranks"},
 		{newComm(Auto, 2, 1<<20), 4, OneShot, "64 KiB over 2 ranks"},
 		// Options.Algorithm, for the call's Auto: Push selects as Auto
-		{newComm(Push, 8, 1<<20), 32, OneShot, "forced push selects as Auto"},
+		{newComm(Push, 8, 1<<20), 16, OneShot, "forced push selects as Auto"},
 		{newComm(Push, 8, 1<<20), 64, TwoShot, "forced push selects as Auto, 8 rows a rank"},
 		{newComm(OneShot, 8, 1<<20), 1, OneShot, "forced OneShot"},
 		{newComm(TwoShot, 8, 1<<20), 8, TwoShot, "forced TwoShot"},
@@ -178,14 +179,22 @@ func TestRouteFused(t *testing.T) {
 	assert.Equal(t, NCCL, got, "forced push without kernels selects as Auto")
 }
 
-// TestSelectFused: OneShot below fusedTwoShotRowsPerRank rows a rank, then the plain table.
+// TestSelectFused: from 4 ranks TwoShot from fusedTwoShotRowsPerRank rows a rank; at 2 and 3
+// ranks OneShot below fusedPlainTableRowsPerRank rows a rank, then the plain table.
 func TestSelectFused(t *testing.T) {
 	for _, ws := range []int{2, 3, 4, 5, 8, 16} {
 		assert.Equal(t, OneShot, selectFused(9, ws, 1, 16<<10, false, true), "ws %d, one row", ws)
-		assert.Equal(t, OneShot, selectFused(9, ws, fusedTwoShotRowsPerRank*ws-1, 1<<20, false, true), "ws %d", ws)
+		assert.Equal(t, OneShot, selectFused(9, ws, ws-1, 16<<10, true, false), "ws %d, fewer rows than ranks", ws)
 	}
-	assert.Equal(t, TwoShot, selectFused(9, 8, 64, 1<<20, false, true))
+	for _, tc := range []struct{ ws, rows int }{{4, 95}, {5, 119}, {8, 23}, {16, 47}} {
+		assert.Equal(t, OneShot, selectFused(9, tc.ws, tc.rows, int64(tc.rows)*16<<10, true, true), "%+v", tc)
+		assert.Equal(t, TwoShot, selectFused(9, tc.ws, tc.rows+1, int64(tc.rows+1)*16<<10, true, true), "%+v", tc)
+	}
+	for _, ws := range []int{2, 3} {
+		assert.Equal(t, OneShot, selectFused(9, ws, fusedPlainTableRowsPerRank*ws-1, 1<<20, false, true), "ws %d", ws)
+	}
 	assert.Equal(t, OneShot, selectFused(9, 2, 64, 1<<20, false, true), "the plain table's OneShot limit at 2 ranks")
+	assert.Equal(t, TwoShot, selectFused(9, 2, 512, 8<<20, true, true), "the plain table at 2 ranks, 8 MiB")
 }
 
 // TestNCCLSumBuffer: where the NCCL route leaves NCCL's sum for every aliasing the call allows,
@@ -220,15 +229,19 @@ func TestNCCLSumBuffer(t *testing.T) {
 // TestFusedShape: one block per row (per row of the largest band), at most limit.
 func TestFusedShape(t *testing.T) {
 	b, th := fusedShape(OneShot, 7, 1024, 8, 36)
-	assert.Equal(t, [2]int{7, 512}, [2]int{b, th})
+	assert.Equal(t, [2]int{7, 512}, [2]int{b, th}, "OneShot: one block per row")
 	b, th = fusedShape(OneShot, 513, 256, 8, 36)
 	assert.Equal(t, [2]int{36, 256}, [2]int{b, th})
-	b, _ = fusedShape(TwoShot, 513, 256, 8, 36)
-	assert.Equal(t, 36, b)
-	b, _ = fusedShape(TwoShot, 17, 256, 8, 36)
-	assert.Equal(t, 3, b, "bands of at most 3 rows")
-	b, _ = fusedShape(TwoShot, 1, 256, 8, 36)
-	assert.Equal(t, 1, b)
+	b, th = fusedShape(TwoShot, 513, 256, 8, 36)
+	assert.Equal(t, [2]int{36, 256}, [2]int{b, th}, "bands past ptx.MaxSplitRows: one block per row")
+	b, th = fusedShape(TwoShot, 17, 1024, 8, 36)
+	assert.Equal(t, [2]int{24, 64}, [2]int{b, th}, "bands of at most 3 rows, 8 blocks each")
+	b, th = fusedShape(TwoShot, 32, 1024, 8, 64)
+	assert.Equal(t, [2]int{32, 64}, [2]int{b, th}, "bands of 4 rows, 8 blocks each")
+	b, th = fusedShape(TwoShot, 1, 256, 8, 36)
+	assert.Equal(t, [2]int{4, 64}, [2]int{b, th})
+	b, th = fusedShape(TwoShot, 16, 1024, 8, 1)
+	assert.Equal(t, [2]int{1, 512}, [2]int{b, th}, "a grid of one block")
 	assert.Equal(t, 32, ptx.FusedThreads(1))
 	assert.Equal(t, 96, ptx.FusedThreads(65))
 	assert.Equal(t, 512, ptx.FusedThreads(2048), "16384 bf16: 4 vectors per thread")

@@ -56,7 +56,7 @@ func (c *Comm) ResidualRMSNorm(stream *driver.Stream, a FusedArgs) error {
 // a.In may also be a.NormOut (the fused call's NCCL route leaves its sum there).
 func (c *Comm) residualRMSNorm(stream *driver.Stream, fn *driver.Function, a FusedArgs, limit int) error {
 	hvec := a.Hidden * a.DType.Size() / ptx.VectorBytes
-	blocks, threads := fusedShape(OneShot, a.Rows, hvec, 1, limit)
+	blocks, threads := max(1, min(limit, a.Rows)), ptx.FusedThreads(hvec)
 	var flags uint32
 	if a.NoNorm {
 		flags |= ptx.FlagNoNorm

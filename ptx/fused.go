@@ -89,8 +89,7 @@ func FusedParams(worldSize int) []Param {
 // FusedPushParams returns the parameter list of the fused push kernel of the given world size,
 // in launch order: the one Go-side declaration, packed from by the launcher and checked
 // against every generated .entry. It is FusedParams without the registration tables (push
-// reads its own input and writes no peer's output), and with push's receive slot and the
-// scratch of rows spread over several blocks.
+// reads its own input and writes no peer's output), and with push's receive slot.
 func FusedPushParams(worldSize int) []Param {
 	return []Param{
 		{"p_input", 8, 8}, // own In, read in place (the peers never read it)
@@ -107,38 +106,41 @@ func FusedPushParams(worldSize int) []Param {
 		{"p_sig", 8 * worldSize, 8},
 		{"p_buf", 8 * worldSize, 8}, // every rank's push receive buffer
 		{"p_slot", 8, 8},            // bytes of one receive slot, PushSlotBytes(PushMaxBytes)
-		{"p_scratch", 8, 8},         // FusedScratchBytes of this rank's own memory
 		{"p_flags", 4, 4},           // FlagEarlyTrigger, FlagNoNorm
 		{"p_call", 8, 8},            // FusedCall(Push, ...)'s fingerprint
 	}
 }
 
-// The fused push kernel may spread a row over several blocks (FusedPushPieces): each block
-// then holds the sums of squares of only its warps, and the row's blocks meet once per row,
-// in the kernel, to add them all.
+// A fused call of few rows spreads each row over several blocks (FusedPieces), so that more
+// SMs move its data: each block then holds the sums of squares of only its warps, and the
+// row's blocks meet once per row, in the kernel, to add them all. They meet in the own signal
+// region, which only this rank's kernels write.
 const (
 	// FusedRowSyncOffset is the byte offset, in the signal region, of fused_rows[MaxSplitRows]
 	// (u32): the arrivals of the blocks of a spread row, counted by atom.inc and back at 0 when
 	// the last one arrives, so that every call finds them 0 (the region is zeroed once at
 	// creation). It follows call[64 blocks].
 	FusedRowSyncOffset = CallOffset + MaxBlocks*VectorBytes
-	// MaxSplitRows bounds the rows of a call that the fused push spreads over several blocks:
-	// at least two blocks each, at most MaxBlocks blocks.
+	// MaxSplitRows bounds the rows of a call (or, two-shot, of a rank's band) that the fused
+	// kernels spread over several blocks: at least two blocks each, at most MaxBlocks blocks.
 	MaxSplitRows = MaxBlocks / 2
-	// FusedScratchBytes is the scratch a fused push call needs (p_scratch): 16 f32 warp sums
-	// (64 bytes) per spread row. The memory must be this rank's, not written by anything else
-	// while the kernel runs; it need not be zeroed (each sum is written before it is read).
-	FusedScratchBytes = MaxSplitRows * 64
+	// MaxPieces is the most blocks a row is spread over: one warp each.
+	MaxPieces = ThreadsPerBlock / 32
+	// FusedSumsOffset is the byte offset, in the signal region, of
+	// fused_sums[MaxSplitRows][MaxPieces] (f32): the warp sums of squares of a spread row,
+	// each written by its warp's lane 0 before the row's blocks meet on fused_rows[row], read
+	// by every block of the row after. It follows fused_rows.
+	FusedSumsOffset = FusedRowSyncOffset + 4*MaxSplitRows
 )
 
-// FusedPushPieces is the number of blocks the fused push kernel spreads each of rows rows of
-// rowVectors 16-byte vectors over, with blocks blocks in its grid (its fixed push grid), and
-// the threads of each block: a row's FusedThreads(rowVectors) threads (the reference's, whose
-// order of the sum of squares the kernel keeps) split into pieces of whole warps, at least
-// minThreads (a multiple of 32) each, as many as fit rows*pieces <= blocks. pieces 1 is one
-// block per row (rows b, b+blocks, .. in block b), as the one-shot kernel; then threads is
-// FusedThreads(rowVectors).
-func FusedPushPieces(rows, rowVectors, blocks, minThreads int) (pieces, threads int) {
+// FusedPieces is the number of blocks a fused kernel spreads each of rows rows of rowVectors
+// 16-byte vectors over, with a grid of at most blocks blocks, and the threads of each block:
+// a row's FusedThreads(rowVectors) threads (the reference's, whose order of the sum of
+// squares the kernel keeps) split into pieces of whole warps, at least minThreads (a multiple
+// of 32) each, as many as fit rows*pieces <= blocks. pieces 1 is one block per row (rows b,
+// b+nctaid, .. in block b); then threads is FusedThreads(rowVectors). For the two-shot
+// kernels rows is the largest band, ceil(rows/ws).
+func FusedPieces(rows, rowVectors, blocks, minThreads int) (pieces, threads int) {
 	t := FusedThreads(rowVectors)
 	warps := t / 32
 	pieces = 1
@@ -154,10 +156,19 @@ func FusedPushPieces(rows, rowVectors, blocks, minThreads int) (pieces, threads 
 }
 
 // FusedTmpBytes is the tmp buffer the fused two-shot needs on a rank of worldSize ranks for
-// rows rows of rowBytes bytes: its largest band of rows, then one f32 per row of it.
+// rows rows of rowBytes bytes: its largest band of rows, then their inv slots (FusedInvBytes).
 func FusedTmpBytes(worldSize, rows int, rowBytes int64) int64 {
-	band := int64((rows + worldSize - 1) / worldSize)
-	return band*rowBytes + 4*band
+	band := (rows + worldSize - 1) / worldSize
+	return int64(band)*rowBytes + FusedInvBytes(band)
+}
+
+// FusedInvBytes is the room the fused two-shot takes after a band of rows in its tmp buffer
+// for the rows' inv = 1/sqrt(mean + eps): one f32 per row and piece (row j's piece k at slot
+// j*pieces + k, FusedPieces), where each block that took part of a row leaves the row's inv
+// for the block that reads that part back. One per row, or, where rows are spread over several
+// blocks, one per block of the grid: at most max(band, MaxBlocks) slots.
+func FusedInvBytes(band int) int64 {
+	return 4 * int64(max(band, MaxBlocks))
 }
 
 // FusedSpec names a fused all-reduce + residual add + RMSNorm kernel: OneShot (every rank
@@ -281,6 +292,15 @@ func (k *kernel) FlagNoNorm() int { return FlagNoNorm }
 
 // FusedRowSync is FusedRowSyncOffset, for the templates.
 func (k *kernel) FusedRowSync() int { return FusedRowSyncOffset }
+
+// FusedSums is FusedSumsOffset, for the templates.
+func (k *kernel) FusedSums() int { return FusedSumsOffset }
+
+// MaxPieces is MaxPieces, for the templates: the warp sums of one row in fused_sums.
+func (k *kernel) MaxPieces() int { return MaxPieces }
+
+// ThreadsPerBlock is ThreadsPerBlock, for the templates.
+func (k *kernel) ThreadsPerBlock() int { return ThreadsPerBlock }
 
 // TreeOffsets are the shfl.down distances of the warp's sum tree, in order.
 func (k *kernel) TreeOffsets() []int { return []int{16, 8, 4, 2, 1} }

@@ -129,9 +129,14 @@ func TestFusedArithmetic(t *testing.T) {
 	for _, s := range allFusedSpecs() {
 		src, err := s.Generate()
 		require.NoError(t, err)
-		sums := 1
-		if s.Algo != OneShot {
-			sums = 2 // two-shot: through tmp and direct; push: one block per row, or spread
+		// every row loop of push and two-shot: one block per row (the block sum), or spread
+		// (rowsync); one-shot: one block per row
+		sums := 2
+		switch s.Algo {
+		case OneShot:
+			sums = 1
+		case TwoShot:
+			sums = 4 // through tmp and direct
 		}
 		check(s.EntryName()+"_"+s.Target.String(), src, sums)
 	}
@@ -188,7 +193,8 @@ func TestFusedCall(t *testing.T) {
 	assert.NotEqual(t, c.Fingerprint(), Call{Op: OpAllReduce, Algo: TwoShot, DType: dtype.BFloat16, Count: 513 * 16384}.Fingerprint())
 	assert.Equal(t, "all-reduce+residual", OpAllReduceResidual.String())
 
-	assert.Equal(t, int64(3*4096+12), FusedTmpBytes(4, 9, 4096), "bands of at most 3 rows and their inv")
+	assert.Equal(t, int64(3*4096+4*MaxBlocks), FusedTmpBytes(4, 9, 4096), "bands of at most 3 rows; the inv of each block's piece")
+	assert.Equal(t, int64(100*4096+400), FusedTmpBytes(4, 400, 4096), "bands of 100 rows, one block each")
 	assert.Equal(t, 32, FusedThreads(1))
 	assert.Equal(t, 256, FusedThreads(256))
 	assert.Equal(t, 512, FusedThreads(4096))
@@ -287,14 +293,6 @@ func TestFusedPush(t *testing.T) {
 		assert.True(t, has(text, "st.global.v4.b32 [%q], {%zero, %zero, %zero, %zero};"), "%s: header re-armed", name)
 		epoch := regexp.MustCompile(fmt.Sprintf(`add\.u32 %%epoch, %%epoch, 1;\s+setp\.ge\.u32 %%p0, %%epoch, %d;\s+@%%p0 mov\.u32 %%epoch, 0;\s+st\.global\.u32 \[%%ep\+%d\], %%epoch;`, parts, PushEpochOffset))
 		assert.True(t, epoch.MatchString(text), "%s: the next part", name)
-		// the row sync: counted arrivals that wrap to 0, acquire, strong loads of the sums
-		sync := fmt.Sprintf("[%%ctr+%d]", FusedRowSyncOffset)
-		assert.True(t, has(text, "atom.acq_rel.gpu.global.inc.u32 %old, "+sync+", %last;"), name)
-		assert.True(t, has(text, "ld.acquire.gpu.global.u32 %old, "+sync+";"), name)
-		assert.True(t, has(text, "@%l0 ld.relaxed.gpu.global.f32 %ss, [%a];"), name)
-		// both passes over a row step by the row's virtual threads
-		assert.Equal(t, 2, strings.Count(text, "add.u32 %vi, %vi, %T;"), name)
-		assert.Equal(t, 2, strings.Count(text, "mov.u32 %vi, %vt;"), name)
 		if s.Target == SM90 {
 			first := strings.Index(text, "griddepcontrol.wait;")
 			assert.True(t, first >= 0 && first < strings.Index(text, "ld.global"), "%s: griddepcontrol.wait before any load", name)
@@ -306,10 +304,47 @@ func TestFusedPush(t *testing.T) {
 	}
 }
 
-// TestFusedPushPieces: the rows are spread over the grid in whole warps of the reference's
+// TestFusedRowSync reads the row loops of the fused two-shot and push kernels (one-shot keeps
+// a block per row): both passes over a row step by the
+// row's virtual threads (so that a row spread over several blocks keeps the reference's
+// threads), and each row sum either is the block's or meets the row's other blocks on
+// fused_rows (counted arrivals that wrap to 0, acquire) with the warp sums in fused_sums
+// (strong loads); the two-shot keeps one inv per piece.
+func TestFusedRowSync(t *testing.T) {
+	sync := fmt.Sprintf("[%%ctr+%d]", FusedRowSyncOffset)
+	for _, s := range allFusedSpecs() {
+		name := s.EntryName() + "_" + s.Target.String()
+		text := code(mustGenerate(t, s.Generate))
+		loops, passes := 1, 2 // push: one row loop, two passes
+		switch s.Algo {
+		case OneShot:
+			// one block per row: no spread rows
+			assert.False(t, has(text, "mov.u32 %vi, %vt;"), name)
+			assert.False(t, has(text, sync), name)
+			continue
+		case TwoShot:
+			loops, passes = 2, 4 // stage 1 and stage 2 through tmp, and direct
+		}
+		assert.Equal(t, loops, strings.Count(text, "atom.acq_rel.gpu.global.inc.u32 %old, "+sync+", %last;"), name)
+		assert.Equal(t, loops, strings.Count(text, "ld.acquire.gpu.global.u32 %old, "+sync+";"), name)
+		row := map[Algorithm]string{TwoShot: "%j", Push: "%row"}[s.Algo] // the band's row, the call's
+		sums := fmt.Sprintf("add.u64 %%sa, %%sa, %d;\n\tmad.wide.u32 %%sa, %s, %d, %%sa;", FusedSumsOffset, row, 4*MaxPieces)
+		assert.Equal(t, loops, strings.Count(text, sums), name)
+		assert.Equal(t, loops, strings.Count(text, "@%l0 ld.relaxed.gpu.global.f32 %ss, [%a];"), name)
+		assert.Equal(t, passes, strings.Count(text, "add.u32 %vi, %vi, %T;"), name)
+		assert.Equal(t, passes, strings.Count(text, "mov.u32 %vi, %vt;"), name)
+		assert.False(t, has(text, "add.u32 %vi, %vi, %bthreads;"), name)
+		assert.Equal(t, loops, strings.Count(text, "mad.wide.u32 %ctr, "+row+", 4, %ctr;"), name)
+		if s.Algo == TwoShot {
+			assert.Equal(t, 2, strings.Count(text, "selp.b32 %t0, %block, %j, %p0;"), "%s: the inv of this block's piece, stored and loaded", name)
+		}
+	}
+}
+
+// TestFusedPieces: the rows are spread over the grid in whole warps of the reference's
 // threads, and every vector of every row is received by exactly one thread, whose vectors
 // are those of the reference's thread of the same index (kernel mapping mirrored here).
-func TestFusedPushPieces(t *testing.T) {
+func TestFusedPieces(t *testing.T) {
 	for _, tc := range []struct {
 		rows, hvec, blocks, min, pieces, threads int
 	}{
@@ -325,7 +360,7 @@ func TestFusedPushPieces(t *testing.T) {
 		{1, 4096, 64, 64, 8, 64},
 		{33, 256, 64, 32, 1, 256},
 	} {
-		p, th := FusedPushPieces(tc.rows, tc.hvec, tc.blocks, tc.min)
+		p, th := FusedPieces(tc.rows, tc.hvec, tc.blocks, tc.min)
 		assert.Equal(t, [2]int{tc.pieces, tc.threads}, [2]int{p, th}, "%+v", tc)
 		T := FusedThreads(tc.hvec)
 		require.Equal(t, T, p*th)
@@ -347,5 +382,6 @@ func TestFusedPushPieces(t *testing.T) {
 		}
 	}
 	assert.Equal(t, CallOffset+MaxBlocks*16, FusedRowSyncOffset, "right after call[64 blocks]")
-	assert.LessOrEqual(t, FusedRowSyncOffset+4*MaxSplitRows, SignalBytes)
+	assert.Equal(t, FusedRowSyncOffset+4*MaxSplitRows, FusedSumsOffset, "right after fused_rows")
+	assert.LessOrEqual(t, FusedSumsOffset+4*MaxPieces*MaxSplitRows, SignalBytes)
 }
