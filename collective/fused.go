@@ -281,19 +281,29 @@ func (c *Comm) fusedLimit(occ int) int {
 
 // fusedShape is the grid of a fused launch: one block per row (OneShot) or per row of the
 // largest band (TwoShot, ceil(rows/ws)), each of ptx.FusedThreads threads, at most limit. A
-// TwoShot band of few rows has each row spread over several blocks of fewer threads
-// (ptx.FusedPieces), so that more SMs move the band's data; the blocks of a row then meet
-// once in the kernel to add their sums of squares, which costs about what the spread saves
-// at a row or two a rank (OneShot never spreads: its rows are already read by every rank).
-// Every rank computes the same shape from the same call.
+// TwoShot band of at most fusedSpreadRows rows has each row spread over several blocks of
+// fewer threads (ptx.FusedPieces), so that more SMs move the band's data; the blocks of a row
+// then meet once in the kernel to add their sums of squares, which costs 1 to 1.5 us on an
+// H200. Measured there with virtual ranks, hidden 8192 bf16 (arsmoke --fused -g): 8 ranks,
+// 4 rows a rank, 10.3 against one-shot's 10.7 to 11.1 us; but 8 rows a rank 11.9 to 12.5
+// against 11.4 unspread, and spread one-shot rows were 1.1 to 1.5 us slower at 1 to 32 rows
+// and 2 to 8 ranks, so OneShot never spreads. Every rank computes the same shape from the
+// same call.
 func fusedShape(algo Algorithm, rows, rowVectors, worldSize, limit int) (blocks, threads int) {
 	if algo != TwoShot {
 		return max(1, min(limit, rows)), ptx.FusedThreads(rowVectors)
 	}
 	band := (rows + worldSize - 1) / worldSize
+	if band > fusedSpreadRows {
+		return max(1, min(limit, band)), ptx.FusedThreads(rowVectors)
+	}
 	pieces, threads := ptx.FusedPieces(band, rowVectors, limit, fusedMinThreads)
 	return max(1, min(limit, band*pieces)), threads
 }
+
+// fusedSpreadRows is the largest TwoShot band whose rows are spread over several blocks
+// (see fusedShape).
+const fusedSpreadRows = 4
 
 // fusedMinThreads is the smallest block a TwoShot launch spreads a row over: two warps, as
 // the plain kernels' smallest blocks (MinThreadsPerBlock).

@@ -238,6 +238,8 @@ func TestFusedShape(t *testing.T) {
 	assert.Equal(t, [2]int{24, 64}, [2]int{b, th}, "bands of at most 3 rows, 8 blocks each")
 	b, th = fusedShape(TwoShot, 32, 1024, 8, 64)
 	assert.Equal(t, [2]int{32, 64}, [2]int{b, th}, "bands of 4 rows, 8 blocks each")
+	b, th = fusedShape(TwoShot, 40, 1024, 8, 64)
+	assert.Equal(t, [2]int{5, 512}, [2]int{b, th}, "bands of 5 rows, past fusedSpreadRows: one block per row")
 	b, th = fusedShape(TwoShot, 1, 256, 8, 36)
 	assert.Equal(t, [2]int{4, 64}, [2]int{b, th})
 	b, th = fusedShape(TwoShot, 16, 1024, 8, 1)
