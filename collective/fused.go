@@ -285,10 +285,10 @@ func (c *Comm) fusedLimit(occ int) int {
 // fewer threads (ptx.FusedPieces), so that more SMs move the band's data; the blocks of a row
 // then meet once in the kernel to add their sums of squares, which costs 1 to 1.5 us on an
 // H200. Measured there with virtual ranks, hidden 8192 bf16 (arsmoke --fused -g): 8 ranks,
-// 4 rows a rank, 10.3 against one-shot's 10.7 to 11.1 us; but 8 rows a rank 11.9 to 12.5
-// against 11.4 unspread, and spread one-shot rows were 1.1 to 1.5 us slower at 1 to 32 rows
-// and 2 to 8 ranks, so OneShot never spreads. Every rank computes the same shape from the
-// same call.
+// 4 rows a rank, 9.8 to 10.3 against one-shot's 10.7 to 11.4 us; 8 rows a rank, 11.5 to 12.5
+// spread against 11.4 to 11.7 with a block per row (no gain); and spread one-shot rows were
+// 1 to 1.5 us slower at 1 to 32 rows and 2 to 8 ranks, so OneShot never spreads. Every rank
+// computes the same shape from the same call.
 func fusedShape(algo Algorithm, rows, rowVectors, worldSize, limit int) (blocks, threads int) {
 	if algo != TwoShot {
 		return max(1, min(limit, rows)), ptx.FusedThreads(rowVectors)
