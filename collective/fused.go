@@ -75,7 +75,8 @@ type FusedArgs struct {
 // push kernel, which collective does not launch: on an H200 it was slower than OneShot at one
 // row, 5.2 against 3.4 us at 2 ranks, and it timed out when interleaved with AllReduce's Push
 // calls on one communicator, whose receive buffers it shares.) The fused kernels are
-// JIT-compiled on first use of each (algorithm, element type).
+// JIT-compiled on first use of each (algorithm, element type), or by LoadFused: a process
+// that drives several ranks from one goroutine must call LoadFused first (see there).
 //
 // Through NCCL the call is two steps on stream: NCCL's all-reduce of In into a sum buffer,
 // then the residual add and RMSNorm of this rank (ResidualRMSNorm's kernel) from that sum.
@@ -151,6 +152,44 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 		flags: c.fusedFlags(blocks, a.NoNorm), call: ptx.FusedCall(kernel, a.DType, a.Rows, a.Hidden, a.NoNorm).Fingerprint()}
 	p.pack(&c.args)
 	return c.launch(stream, fn, blocks, threads, &c.args)
+}
+
+// LoadFused loads now the kernels that AllReduceResidualRMSNorm and ResidualRMSNorm launch
+// for dt, which otherwise load on the first call of each (algorithm, element type): the fused
+// one-shot and two-shot of the communicator's barrier scope and the single-rank residual add +
+// RMSNorm kernel (on a communicator that NCCL alone serves, that one alone). It is not a
+// collective call and launches nothing; a second call finds them loaded.
+//
+// Loading a module can wait for the kernels running on the device: with the driver's lazy
+// loading (the default since CUDA 12.2) loading a kernel may synchronize the context. A
+// first call made while an earlier all-reduce of this process waits for a peer that the
+// same goroutine has still to launch (several ranks of one process driven one after the
+// other, as NewGroup's virtual ranks are) then blocks until that all-reduce times out. Such
+// a process calls LoadFused on every rank for each element type it will use, before its
+// first all-reduce; one process per rank, or ranks driven from goroutines of their own, need
+// not (a first call then merely waits for this rank's own work in flight).
+func (c *Comm) LoadFused(dt DType) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usable(); err != nil {
+		return err
+	}
+	if !dt.Valid() {
+		return invalid("LoadFused: unsupported element type %v: use Float32, Float16 or BFloat16", dt)
+	}
+	if c.kernels == nil {
+		_, err := c.ncclNormKernel(dt)
+		return err
+	}
+	for _, algo := range []ptx.Algorithm{ptx.OneShot, ptx.TwoShot} {
+		if _, _, err := c.kernels.fusedKernel(c.scope, algo, dt); err != nil {
+			return fmt.Errorf("collective: rank %d: %w", c.rank, err)
+		}
+	}
+	if _, err := c.kernels.normKernel(dt); err != nil {
+		return fmt.Errorf("collective: rank %d: %w", c.rank, err)
+	}
+	return nil
 }
 
 // fusedParams are the values of one launch of a kernel with ptx.FusedParams' list: the fused

@@ -267,3 +267,34 @@ func TestFusedLimit(t *testing.T) {
 	own := &Comm{blocks: 64, blocksPerSM: 2, ranksOnGPU: 1}
 	assert.Equal(t, 64, own.fusedLimit(1))
 }
+
+// TestLoadFused: LoadFused loads the fused one-shot and two-shot of the communicator's scope
+// and the norm kernel of the element type, each once, and nothing of other element types;
+// it refuses an unknown element type and a closed communicator.
+func TestLoadFused(t *testing.T) {
+	f := newFakeJIT(0)
+	mc := f.cache(2)
+	key := kernelKey{dev: 917, worldSize: 4, target: ptx.SM90, scope: ptx.ScopeGPU}
+	ks, _, err := acquireFrom(mc, key)
+	require.NoError(t, err)
+	defer func() {
+		require.NoError(t, ks.release())
+		require.NoError(t, unloadKernels(mc))
+	}()
+	c := &Comm{kernels: ks, scope: ptx.ScopeGPU, size: 4}
+	want := []string{"goccl_fused_oneshot_bf16_w4_gpu", "goccl_fused_twoshot_bf16_w4_gpu", "goccl_rmsnorm_bf16"}
+	for range 2 {
+		require.NoError(t, c.LoadFused(BFloat16))
+		for _, entry := range want {
+			assert.Equal(t, 1, f.count(entry), entry)
+		}
+	}
+	assert.Equal(t, 9+len(want), f.total(), "the plain kernels and the three of bf16, nothing else")
+	fn, _, err := ks.fusedKernel(ptx.ScopeGPU, ptx.TwoShot, BFloat16)
+	require.NoError(t, err)
+	assert.NotNil(t, fn, "the call finds it loaded")
+	assert.Equal(t, 9+len(want), f.total())
+
+	assert.ErrorIs(t, c.LoadFused(0), ErrInvalidArgument)
+	assert.ErrorIs(t, (&Comm{closed: true}).LoadFused(BFloat16), ErrClosed)
+}

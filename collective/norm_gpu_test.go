@@ -97,6 +97,15 @@ func TestResidualRMSNormAfterAllReduce(t *testing.T) {
 	for _, ws := range []int{2, 4, 8} {
 		t.Run(fmt.Sprintf("ws%d", ws), func(t *testing.T) {
 			g := newFusedGroup(t, ws, collective.Options{Timeout: 5 * time.Second}, maxBytes)
+			// This goroutine drives every rank: the norm kernels must be loaded before an
+			// all-reduce is in flight (Comm.LoadFused), else the first ResidualRMSNorm of an
+			// element type may wait, in the module load, for rank 0's all-reduce, which waits
+			// for rank 1's, which this goroutine has not launched yet.
+			for _, rb := range g.ranks {
+				for _, dt := range []dtype.DType{dtype.BFloat16, dtype.Float16} {
+					require.NoError(t, rb.comm.LoadFused(dt))
+				}
+			}
 			// pair issues the pair on every rank: the sum goes to residOut, the residual is
 			// updated in place.
 			pair := func(rb *rankBufs, fc *fusedCase) error {
