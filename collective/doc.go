@@ -85,9 +85,9 @@
 // three element types, of the barrier scope it uses), side by side on the process's cores,
 // and keeps them loaded for the rest of the process: a later New of the same world size finds
 // them ready. The fused and single-rank norm kernels are not among them: each loads on its
-// first call, or when Comm.LoadFused asks, which a process driving several ranks from one
-// goroutine must do before its first all-reduce (a module load can wait for the kernels in
-// flight, and those wait for ranks the goroutine has yet to launch). UnloadKernels frees the
+// first call, or when Comm.LoadFused asks, which a process driving several ranks must do
+// before its first all-reduce (a module load can wait for the kernels in flight, and those
+// may wait for ranks the process has yet to launch). UnloadKernels frees the
 // ones no open communicator uses. Comm.Startup returns where New spent its time (driver,
 // context, kernels, memory, exchanges), step by step, and which kernels it compiled or found
 // loaded; docs/benchmarks.md ("Start-up") has the figures.

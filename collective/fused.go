@@ -76,7 +76,7 @@ type FusedArgs struct {
 // row, 5.2 against 3.4 us at 2 ranks, and it timed out when interleaved with AllReduce's Push
 // calls on one communicator, whose receive buffers it shares.) The fused kernels are
 // JIT-compiled on first use of each (algorithm, element type), or by LoadFused: a process
-// that drives several ranks from one goroutine must call LoadFused first (see there).
+// that drives several ranks must call LoadFused first (see there).
 //
 // Through NCCL the call is two steps on stream: NCCL's all-reduce of In into a sum buffer,
 // then the residual add and RMSNorm of this rank (ResidualRMSNorm's kernel) from that sum.
@@ -161,13 +161,12 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 // collective call and launches nothing; a second call finds them loaded.
 //
 // Loading a module can wait for the kernels running on the device: with the driver's lazy
-// loading (the default since CUDA 12.2) loading a kernel may synchronize the context. A
-// first call made while an earlier all-reduce of this process waits for a peer that the
-// same goroutine has still to launch (several ranks of one process driven one after the
-// other, as NewGroup's virtual ranks are) then blocks until that all-reduce times out. Such
-// a process calls LoadFused on every rank for each element type it will use, before its
-// first all-reduce; one process per rank, or ranks driven from goroutines of their own, need
-// not (a first call then merely waits for this rank's own work in flight).
+// loading (the default since CUDA 12.2) loading a kernel may synchronize the context. In a
+// process that drives several ranks (NewGroup), a first call made while an earlier
+// all-reduce of the process waits for a peer not launched yet then blocks until that
+// all-reduce times out. Such a process calls LoadFused on every rank for each element type
+// it will use, before its first all-reduce. With one process per rank a first call at worst
+// waits for the rank's own work in flight.
 func (c *Comm) LoadFused(dt DType) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()

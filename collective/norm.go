@@ -30,7 +30,7 @@ import (
 // communicator launches its own kernels so, so that it overlaps the tail of the all-reduce
 // before it) and returns; Close waits for it like for the all-reduces, and a graph captures
 // it like any kernel. The kernel is JIT-compiled on the first call of each element type, or
-// by LoadFused (which a process driving several ranks from one goroutine needs). It
+// by LoadFused (which a process driving several ranks needs). It
 // needs goccl's kernels: on a communicator that NCCL alone serves it returns an error.
 func (c *Comm) ResidualRMSNorm(stream *driver.Stream, a FusedArgs) error {
 	c.mu.Lock()
