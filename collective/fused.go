@@ -73,10 +73,10 @@ type FusedArgs struct {
 // Options.Algorithm (or GOCCL_ALGO) forces an algorithm as it does for AllReduce; a
 // communicator forced to Push selects as Auto: the fused call has no Push. (ptx has a fused
 // push kernel, which collective does not launch: on an H200 it was slower than OneShot at one
-// row, 5.2 against 3.4 us at 2 ranks, and it timed out when interleaved with AllReduce's Push
-// calls on one communicator, whose receive buffers it shares.) The fused kernels are
-// JIT-compiled on first use of each (algorithm, element type), or by LoadFused: a process
-// that drives several ranks must call LoadFused first (see there).
+// row, 5.2 against 3.4 us at 2 ranks, and interleaved with AllReduce's Push calls it timed out,
+// likely in the first-call module load that LoadFused avoids; docs/kernel-abi.md.) The fused
+// kernels are JIT-compiled on first use of each (algorithm, element type), or by LoadFused: a
+// process that drives several ranks must call LoadFused first (see there).
 //
 // Through NCCL the call is two steps on stream: NCCL's all-reduce of In into a sum buffer,
 // then the residual add and RMSNorm of this rank (ResidualRMSNorm's kernel) from that sum.
