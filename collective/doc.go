@@ -87,10 +87,10 @@
 // them ready. The fused and single-rank norm kernels are not among them: each loads on its
 // first call, or when Comm.LoadFused asks, which a process driving several ranks must do
 // before its first all-reduce (a module load can wait for the kernels in flight, and those
-// may wait for ranks the process has yet to launch). UnloadKernels frees the
-// ones no open communicator uses. Comm.Startup returns where New spent its time (driver,
-// context, kernels, memory, exchanges), step by step, and which kernels it compiled or found
-// loaded; docs/benchmarks.md ("Start-up") has the figures.
+// may wait for ranks the process has yet to launch). UnloadKernels frees the ones no open
+// communicator uses. Comm.Startup returns where New spent its time (driver, context,
+// kernels, memory, exchanges), step by step, and which kernels it compiled or found loaded;
+// docs/benchmarks.md ("Start-up") has the figures.
 //
 // # Concurrency and lifetime
 //

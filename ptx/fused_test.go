@@ -305,11 +305,11 @@ func TestFusedPush(t *testing.T) {
 }
 
 // TestFusedRowSync reads the row loops of the fused two-shot and push kernels (one-shot keeps
-// a block per row): both passes over a row step by the
-// row's virtual threads (so that a row spread over several blocks keeps the reference's
-// threads), and each row sum either is the block's or meets the row's other blocks on
-// fused_rows (counted arrivals that wrap to 0, acquire) with the warp sums in fused_sums
-// (strong loads); the two-shot keeps one inv per piece.
+// a block per row): both passes over a row step by the row's virtual threads (so that a row
+// spread over several blocks keeps the reference's threads), and each row sum either is the
+// block's or meets the row's other blocks on fused_rows (counted arrivals that wrap to 0,
+// acquire) with the warp sums in fused_sums (strong loads); the two-shot keeps one inv per
+// piece.
 func TestFusedRowSync(t *testing.T) {
 	sync := fmt.Sprintf("[%%ctr+%d]", FusedRowSyncOffset)
 	for _, s := range allFusedSpecs() {
