@@ -88,7 +88,10 @@ func TestResidualRMSNorm(t *testing.T) {
 // and 8 virtual ranks, bf16 and f16, hidden 8192, rows 1, 8, 128 and 512: the sum bitwise
 // against the reference of the algorithm selected, the outputs against the single-input
 // reference over that sum. Eagerly, then captured into one graph per rank with Capture and
-// replayed on fresh data.
+// replayed on fresh data. One goroutine drives every rank, and every world size starts with
+// no kernel loaded in the process (UnloadKernels): the norm kernels are loaded by LoadFused
+// before the first all-reduce, without which the first ResidualRMSNorm's module load may
+// wait for rank 0's all-reduce, which waits for a rank not launched yet.
 func TestResidualRMSNormAfterAllReduce(t *testing.T) {
 	requireGPU(t)
 	rng := rand.New(rand.NewPCG(33, 34))
@@ -96,6 +99,7 @@ func TestResidualRMSNormAfterAllReduce(t *testing.T) {
 	const maxBytes = 512 * hidden * 2
 	for _, ws := range []int{2, 4, 8} {
 		t.Run(fmt.Sprintf("ws%d", ws), func(t *testing.T) {
+			require.NoError(t, collective.UnloadKernels())
 			g := newFusedGroup(t, ws, collective.Options{Timeout: 5 * time.Second}, maxBytes)
 			// This goroutine drives every rank: the norm kernels must be loaded before an
 			// all-reduce is in flight (Comm.LoadFused), else the first ResidualRMSNorm of an
