@@ -15,8 +15,8 @@ func newArenaLayout(o Options, worldSize int) arenaLayout {
 	l.staging = ptx.SignalBytes
 	l.tmp = l.staging + uint64(o.MaxBytes)
 	// TwoShot's tmp holds the largest shard: nvec/ws + nvec%ws vectors; then room for the
-	// fused two-shot's inv slots (ptx.FusedInvBytes), so that a band of whole rows that fills
-	// the shard fits with them.
+	// fused two-shot's inv slots of a band of up to ptx.MaxBlocks rows (ptx.FusedInvBytes),
+	// so that such a band fits whenever its rows fill the shard.
 	maxVec := uint64(o.MaxBytes) / ptx.VectorBytes
 	l.recv = l.tmp + (maxVec/uint64(worldSize)+uint64(worldSize))*ptx.VectorBytes + uint64(ptx.FusedInvBytes(0))
 	l.recvSlot = uint64(ptx.PushSlotBytes(o.PushMaxBytes))

@@ -328,15 +328,14 @@ func (c *Comm) fusedLimit(occ int) int {
 // 1 to 1.5 us slower at 1 to 32 rows and 2 to 8 ranks, so OneShot never spreads. Every rank
 // computes the same shape from the same call.
 func fusedShape(algo Algorithm, rows, rowVectors, worldSize, limit int) (blocks, threads int) {
-	if algo != TwoShot {
-		return max(1, min(limit, rows)), ptx.FusedThreads(rowVectors)
+	work, pieces, threads := rows, 1, ptx.FusedThreads(rowVectors)
+	if algo == TwoShot {
+		work = (rows + worldSize - 1) / worldSize
+		if work <= fusedSpreadRows {
+			pieces, threads = ptx.FusedPieces(work, rowVectors, limit, fusedMinThreads)
+		}
 	}
-	band := (rows + worldSize - 1) / worldSize
-	if band > fusedSpreadRows {
-		return max(1, min(limit, band)), ptx.FusedThreads(rowVectors)
-	}
-	pieces, threads := ptx.FusedPieces(band, rowVectors, limit, fusedMinThreads)
-	return max(1, min(limit, band*pieces)), threads
+	return max(1, min(limit, work*pieces)), threads
 }
 
 // fusedSpreadRows is the largest TwoShot band whose rows are spread over several blocks
