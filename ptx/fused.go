@@ -304,3 +304,11 @@ func (k *kernel) ThreadsPerBlock() int { return ThreadsPerBlock }
 
 // TreeOffsets are the shfl.down distances of the warp's sum tree, in order.
 func (k *kernel) TreeOffsets() []int { return []int{16, 8, 4, 2, 1} }
+
+// PrefetchNext reports whether the row's sum pass pulls each thread's next vector of every
+// input and of the residual into L1 while it sums one, for the templates: only in the
+// single-rank RMSNorm kernel (the unfused pair's second kernel, and NCCL's route for the fused
+// call), whose two loads a vector leave it bound by memory latency; the fused kernels have
+// ws+1 loads in flight a vector already, and the prefetch made their two-shot slower on an
+// H200 (docs/benchmarks.md, "Loads ahead").
+func (k *kernel) PrefetchNext() bool { return k.WS == 1 }

@@ -341,6 +341,24 @@ func TestFusedRowSync(t *testing.T) {
 	}
 }
 
+// TestNormPrefetch: the single-rank RMSNorm kernel's sum pass prefetches the thread's next
+// vector of its input and of the residual into L1, within the row; the fused kernels do not.
+func TestNormPrefetch(t *testing.T) {
+	for _, dt := range dtype.All {
+		for _, target := range []Target{SM80, SM90} {
+			s := NormSpec{DType: dt, Target: target}
+			text := code(mustGenerate(t, s.Generate))
+			assert.Equal(t, 2, strings.Count(text, "prefetch.global.L1 [%a];"), s.EntryName())
+			assert.Contains(t, text, "add.u32 %t1, %vi, %bthreads;\n\tsetp.lt.u32 %more, %t1, %hvec;\n\t@!%more bra PREFETCHED;", s.EntryName())
+			// issued after the loads of the vector being summed, so that those go out first
+			assert.Less(t, strings.Index(text, "ld.global.v4.b32"), strings.Index(text, "prefetch.global.L1"), s.EntryName())
+		}
+	}
+	for _, s := range allFusedSpecs() {
+		assert.NotContains(t, string(mustGenerate(t, s.Generate)), "prefetch", s.EntryName())
+	}
+}
+
 // TestFusedPieces: the rows are spread over the grid in whole warps of the reference's
 // threads, and every vector of every row is received by exactly one thread, whose vectors
 // are those of the reference's thread of the same index (kernel mapping mirrored here).
