@@ -72,11 +72,11 @@ type FusedArgs struct {
 //
 // Options.Algorithm (or GOCCL_ALGO) forces an algorithm as it does for AllReduce; a
 // communicator forced to Push selects as Auto: the fused call has no Push. (ptx has a fused
-// push kernel, which collective does not launch: on an H200 it was slower than OneShot at one
-// row, 5.2 against 3.4 us at 2 ranks, and interleaved with AllReduce's Push calls it timed out,
-// likely in the first-call module load that LoadFused avoids; docs/kernel-abi.md.) The fused
-// kernels are JIT-compiled on first use of each (algorithm, element type), or by LoadFused: a
-// process that drives several ranks must call LoadFused first (see there).
+// push kernel, which collective does not launch: on an H200 it was slower than OneShot at 1 to
+// 8 rows, with its module loaded first and a block per row too, 4.6 against 3.5 to 3.8 us at 2
+// ranks and one row; docs/kernel-abi.md.) The fused kernels are JIT-compiled on first use of
+// each (algorithm, element type), or by LoadFused: a process that drives several ranks must
+// call LoadFused first (see there).
 //
 // Through NCCL the call is two steps on stream: NCCL's all-reduce of In into a sum buffer,
 // then the residual add and RMSNorm of this rank (ResidualRMSNorm's kernel) from that sum.
