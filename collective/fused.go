@@ -62,11 +62,13 @@ type FusedArgs struct {
 //
 // Algorithms, chosen per call by size and world size (FusedSelected answers which):
 //   - OneShot: every rank reduces every row (rank order) and norms it.
-//   - TwoShot, from 8 rows a rank on, where the plain all-reduce would take it: each rank
-//     reduces and norms its band of rows, then every rank gathers the finished rows; when
-//     ResidualOut and NormOut are both visible to the peers (registered with Register, or
-//     under Capture), each rank writes its finished rows straight into every rank's outputs
-//     instead.
+//   - TwoShot, for more rows: each rank reduces and norms its band of rows, then every rank
+//     gathers the finished rows; when ResidualOut and NormOut are both visible to the peers
+//     (registered with Register, or under Capture), each rank writes its finished rows
+//     straight into every rank's outputs instead, and the selection takes TwoShot from fewer
+//     rows (at 8 ranks from 3 rows a rank direct, 9 through the gather; at 4 to 7 ranks from
+//     24 and 40; at 2 and 3 ranks where the plain all-reduce would take it, from 8 rows a
+//     rank).
 //   - NCCL, where goccl's kernels cannot take the call (past MaxBytes, or a communicator they
 //     cannot serve) and the communicator has NCCL, or where NCCL is forced: see below.
 //
@@ -347,14 +349,20 @@ const fusedSpreadRows = 4
 const fusedMinThreads = MinThreadsPerBlock
 
 // fusedTwoShotRowsPerRank is the fewest rows per rank for which the fused TwoShot is chosen
-// at worldSize ranks; 0 leaves calls of at least fusedPlainTableRowsPerRank rows a rank to the
-// plain all-reduce's table.
-func fusedTwoShotRowsPerRank(worldSize int) int {
+// at worldSize ranks, direct (both outputs shared: TwoShot writes the finished rows straight
+// into every rank's outputs) or not (the rows go through tmp, then a second barrier and a
+// gather pass, which cost the TwoShot about 5 us more at 8 ranks); 0 leaves calls of at least
+// fusedPlainTableRowsPerRank rows a rank to the plain all-reduce's table.
+func fusedTwoShotRowsPerRank(worldSize int, direct bool) int {
 	switch {
-	case worldSize >= 8:
+	case worldSize >= 8 && direct:
 		return 3
-	case worldSize >= 4:
+	case worldSize >= 8:
+		return 9
+	case worldSize >= 4 && direct:
 		return 24
+	case worldSize >= 4:
+		return 40
 	}
 	return 0
 }
@@ -365,15 +373,19 @@ const fusedPlainTableRowsPerRank = 8
 
 // selectFused is the fused call's selection table. From 4 ranks: TwoShot from
 // fusedTwoShotRowsPerRank rows a rank, OneShot below. Measured with virtual ranks on an H200,
-// hidden 8192 bf16, one graph per rank (arsmoke --fused -g, -a oneshot against -a twoshot):
-// at 8 ranks TwoShot, its few rows a rank spread over several blocks (fusedShape), took 9.96
-// against OneShot's 10.65 us at 24 rows and 11.80 against 17.59 at 64, but 9.65 against 8.14
-// at 16; at 4 ranks 8.43 against 10.07 at 96 rows and 8.40 against 7.01 at 64. At 2 and 3
-// ranks, OneShot below fusedPlainTableRowsPerRank rows a rank (TwoShot's reduce would have a
-// handful of rows), then the plain table (direct: both outputs shared, so that TwoShot writes
-// the finished rows straight into them).
+// hidden 8192 bf16. Direct, one graph per rank (arsmoke --fused -g, -a oneshot against -a
+// twoshot): at 8 ranks TwoShot, its few rows a rank spread over several blocks (fusedShape),
+// took 9.96 against OneShot's 10.65 us at 24 rows and 11.80 against 17.59 at 64, but 9.65
+// against 8.14 at 16; at 4 ranks 8.43 against 10.07 at 96 rows and 8.40 against 7.01 at 64.
+// Not direct (BenchmarkAllReduceResidualRMSNorm, fused-oneshot against fused-twoshot, two
+// passes): at 8 ranks OneShot 11.74-11.85 against 17.24-17.26 us at 24 rows, 18.09-18.25
+// against 19.12-19.13 at 64, TwoShot 25.55-25.56 against 35.51-35.52 at 128 (the lines cross
+// near 69 rows: 9 a rank); at 4 ranks OneShot 10.35-10.40 against 11.75-11.78 at 128 rows, the
+// largest measured (the lines, 7.1 and 10.8 us at 64, cross near 167 rows: 40 a rank). At 2
+// and 3 ranks, OneShot below fusedPlainTableRowsPerRank rows a rank (TwoShot's reduce would
+// have a handful of rows), then the plain table (with direct as for the plain all-reduce).
 func selectFused(major, worldSize, rows int, nbytes int64, direct, gpuScope bool) Algorithm {
-	if from := fusedTwoShotRowsPerRank(worldSize); from > 0 {
+	if from := fusedTwoShotRowsPerRank(worldSize, direct); from > 0 {
 		if rows >= from*worldSize {
 			return TwoShot
 		}

@@ -415,14 +415,16 @@ func TestRMSNormKernel(t *testing.T) {
 // ResidualOut in place over the residual, bf16, hidden 8192, rows 1 to 512, at 2, 4 and 8
 // virtual ranks, Auto selection for both (the log says which algorithm each fused variant
 // ran). fused-direct registers ResidualOut and NormOut too, so that a TwoShot writes the
-// finished rows straight into every rank's outputs.
+// finished rows straight into every rank's outputs; fused-nonorm is the residual add alone
+// (NoNorm), which tells the norm's part of the fused call; fused-oneshot and fused-twoshot force
+// the algorithm (outputs not shared: the two-shot goes through tmp), for the selection table.
 func BenchmarkAllReduceResidualRMSNorm(b *testing.B) {
 	requireGPU(b)
 	const hidden = 8192
 	dt := dtype.BFloat16
 	for _, ws := range []int{2, 4, 8} {
-		for _, rows := range []int{1, 2, 4, 8, 32, 128, 512} {
-			for _, variant := range []string{"fused", "fused-direct", "unfused"} {
+		for _, rows := range []int{1, 2, 4, 8, 16, 24, 32, 64, 128, 512} {
+			for _, variant := range []string{"fused", "fused-direct", "fused-nonorm", "fused-oneshot", "fused-twoshot", "unfused"} {
 				fused := variant != "unfused"
 				b.Run(fmt.Sprintf("ws%d/rows%d/%s", ws, rows, variant), func(b *testing.B) {
 					nbytes := rows * hidden * dt.Size()
@@ -456,8 +458,16 @@ func BenchmarkAllReduceResidualRMSNorm(b *testing.B) {
 					x := f.capture(b, f.main, func() {
 						f.forkJoinLayer(b, true, func(r int, s *driver.Stream) {
 							c, bf := g.ranks[r].comm, g.bufs[r]
+							switch variant {
+							case "fused-oneshot":
+								require.NoError(b, c.AllReduceResidualRMSNormWith(s, g.args(r, fc, true, false), collective.OneShot))
+								return
+							case "fused-twoshot":
+								require.NoError(b, c.AllReduceResidualRMSNormWith(s, g.args(r, fc, true, false), collective.TwoShot))
+								return
+							}
 							if fused {
-								require.NoError(b, c.AllReduceResidualRMSNorm(s, g.args(r, fc, true, false)))
+								require.NoError(b, c.AllReduceResidualRMSNorm(s, g.args(r, fc, true, variant == "fused-nonorm")))
 								return
 							}
 							// the sum goes to residOut, which the in-place pair does not otherwise use

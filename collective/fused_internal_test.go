@@ -87,25 +87,28 @@ func TestRouteFused(t *testing.T) {
 	}
 	c := newComm(Auto, 8, 1<<20)
 	for _, tc := range []struct {
-		c    *Comm
-		rows int
-		want Algorithm
-		what string
+		c      *Comm
+		rows   int
+		want   Algorithm
+		what   string
+		direct bool
 	}{
-		{c, 64, TwoShot, "1 MiB over 8 ranks"},
-		{c, 1, OneShot, "16 KiB over 8 ranks: the fused call has no push"},
-		{c, 2, OneShot, "32 KiB over 8 ranks, fewer rows than ranks"},
-		{c, 23, OneShot, "23 rows over 8 ranks: fewer than fusedTwoShotRowsPerRank a rank"},
-		{c, 24, TwoShot, "24 rows over 8 ranks"},
-		{newComm(Auto, 4, 1<<20), 4, OneShot, "64 KiB over 4 ranks"},
-		{newComm(Auto, 2, 1<<20), 4, OneShot, "64 KiB over 2 ranks"},
+		{c, 64, OneShot, "1 MiB over 8 ranks, through tmp", false},
+		{c, 64, TwoShot, "1 MiB over 8 ranks, direct", true},
+		{c, 1, OneShot, "16 KiB over 8 ranks: the fused call has no push", true},
+		{c, 2, OneShot, "32 KiB over 8 ranks, fewer rows than ranks", true},
+		{c, 23, OneShot, "23 rows over 8 ranks: fewer than fusedTwoShotRowsPerRank a rank", true},
+		{c, 24, TwoShot, "24 rows over 8 ranks, direct", true},
+		{c, 24, OneShot, "24 rows over 8 ranks, through tmp", false},
+		{newComm(Auto, 4, 1<<20), 4, OneShot, "64 KiB over 4 ranks", false},
+		{newComm(Auto, 2, 1<<20), 4, OneShot, "64 KiB over 2 ranks", false},
 		// Options.Algorithm, for the call's Auto: Push selects as Auto
-		{newComm(Push, 8, 1<<20), 16, OneShot, "forced push selects as Auto"},
-		{newComm(Push, 8, 1<<20), 64, TwoShot, "forced push selects as Auto, 8 rows a rank"},
-		{newComm(OneShot, 8, 1<<20), 1, OneShot, "forced OneShot"},
-		{newComm(TwoShot, 8, 1<<20), 8, TwoShot, "forced TwoShot"},
+		{newComm(Push, 8, 1<<20), 16, OneShot, "forced push selects as Auto", true},
+		{newComm(Push, 8, 1<<20), 64, TwoShot, "forced push selects as Auto, 8 rows a rank", true},
+		{newComm(OneShot, 8, 1<<20), 1, OneShot, "forced OneShot", false},
+		{newComm(TwoShot, 8, 1<<20), 8, TwoShot, "forced TwoShot", false},
 	} {
-		got, err := route(tc.c, Auto, tc.rows, false)
+		got, err := route(tc.c, Auto, tc.rows, tc.direct)
 		require.NoError(t, err, tc.what)
 		assert.Equal(t, tc.want, got, tc.what)
 	}
@@ -179,16 +182,20 @@ func TestRouteFused(t *testing.T) {
 	assert.Equal(t, NCCL, got, "forced push without kernels selects as Auto")
 }
 
-// TestSelectFused: from 4 ranks TwoShot from fusedTwoShotRowsPerRank rows a rank; at 2 and 3
-// ranks OneShot below fusedPlainTableRowsPerRank rows a rank, then the plain table.
+// TestSelectFused: from 4 ranks TwoShot from fusedTwoShotRowsPerRank rows a rank, direct or
+// through tmp; at 2 and 3 ranks OneShot below fusedPlainTableRowsPerRank rows a rank, then the
+// plain table.
 func TestSelectFused(t *testing.T) {
 	for _, ws := range []int{2, 3, 4, 5, 8, 16} {
 		assert.Equal(t, OneShot, selectFused(9, ws, 1, 16<<10, false, true), "ws %d, one row", ws)
 		assert.Equal(t, OneShot, selectFused(9, ws, ws-1, 16<<10, true, false), "ws %d, fewer rows than ranks", ws)
 	}
-	for _, tc := range []struct{ ws, rows int }{{4, 95}, {5, 119}, {8, 23}, {16, 47}} {
-		assert.Equal(t, OneShot, selectFused(9, tc.ws, tc.rows, int64(tc.rows)*16<<10, true, true), "%+v", tc)
-		assert.Equal(t, TwoShot, selectFused(9, tc.ws, tc.rows+1, int64(tc.rows+1)*16<<10, true, true), "%+v", tc)
+	for _, tc := range []struct {
+		ws, rows int // the most rows that take OneShot
+		direct   bool
+	}{{4, 95, true}, {5, 119, true}, {8, 23, true}, {16, 47, true}, {4, 159, false}, {7, 279, false}, {8, 71, false}, {16, 143, false}} {
+		assert.Equal(t, OneShot, selectFused(9, tc.ws, tc.rows, int64(tc.rows)*16<<10, tc.direct, true), "%+v", tc)
+		assert.Equal(t, TwoShot, selectFused(9, tc.ws, tc.rows+1, int64(tc.rows+1)*16<<10, tc.direct, true), "%+v", tc)
 	}
 	for _, ws := range []int{2, 3} {
 		assert.Equal(t, OneShot, selectFused(9, ws, fusedPlainTableRowsPerRank*ws-1, 1<<20, false, true), "ws %d", ws)
