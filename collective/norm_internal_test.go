@@ -85,8 +85,8 @@ func TestFusedSelected(t *testing.T) {
 		{1, false, OneShot}, // 16 KiB over 8 ranks: the fused call has no push
 		{7, true, OneShot},  // fewer rows than ranks
 		{8, false, OneShot},
-		{64, false, TwoShot}, // 1 MiB over 8 ranks
-		{64, true, TwoShot},
+		{64, false, OneShot}, // 1 MiB over 8 ranks, through tmp: fewer than 9 rows a rank
+		{64, true, TwoShot},  // direct
 	} {
 		got, err := c.FusedSelected(tc.rows, 8192, BFloat16, tc.shared)
 		require.NoError(t, err)
@@ -95,7 +95,7 @@ func TestFusedSelected(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, want, got, "the call's own routing")
 	}
-	got, err := newComm(Push, true).FusedSelected(64, 8192, BFloat16, false)
+	got, err := newComm(Push, true).FusedSelected(64, 8192, BFloat16, true)
 	require.NoError(t, err)
 	assert.Equal(t, TwoShot, got, "a communicator forced to Push selects as Auto")
 	got, err = newComm(OneShot, true).FusedSelected(64, 8192, BFloat16, false)
