@@ -123,12 +123,12 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 		return c.ncclFused(stream, a, nbytes)
 	}
 	kernel, _ := algo.kernel()
-	fn, occ, err := c.kernels.fusedKernel(c.scope, kernel, a.DType)
+	fn, occ, err := c.kernels.fusedKernel(c.scope, kernel, a.DType, fusedRowCache(kernel, c.size, a.Rows, c.blocks))
 	if err != nil {
 		// The peers may have launched this call: this rank is out of step with them from
-		// here on. The kernel is compiled on the first call of its (algorithm, element type);
-		// inside a stream capture of the caller's own in global mode the driver may refuse to
-		// load a module, hence the advice.
+		// here on. The kernel is compiled on the first call of its (algorithm, element type,
+		// row cache); inside a stream capture of the caller's own in global mode the driver
+		// may refuse to load a module, hence the advice.
 		return c.fail(fmt.Errorf("collective: rank %d: %w (the fused kernels load on their first call: make one outside a global-mode stream capture)", c.rank, err))
 	}
 	inputs, err := c.pullInput(stream, algo, a.ResidualOut, a.In, uint64(nbytes))
@@ -158,8 +158,9 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 
 // LoadFused loads now the kernels that AllReduceResidualRMSNorm and ResidualRMSNorm launch
 // for dt, which otherwise load on the first call of each (algorithm, element type): the fused
-// one-shot and two-shot of the communicator's barrier scope and the single-rank residual add +
-// RMSNorm kernel (on a communicator that NCCL alone serves, that one alone). It is not a
+// one-shot (up to 8 ranks two builds: with the row cache, for calls of few rows, and without)
+// and two-shot of the communicator's barrier scope and the single-rank residual add + RMSNorm
+// kernel (on a communicator that NCCL alone serves, that one alone). It is not a
 // collective call and launches nothing; a second call finds them loaded.
 //
 // Loading a module can wait for the kernels running on the device: with the driver's lazy
@@ -182,8 +183,14 @@ func (c *Comm) LoadFused(dt DType) error {
 		_, err := c.ncclNormKernel(dt)
 		return err
 	}
-	for _, algo := range []ptx.Algorithm{ptx.OneShot, ptx.TwoShot} {
-		if _, _, err := c.kernels.fusedKernel(c.scope, algo, dt); err != nil {
+	for _, k := range []struct {
+		algo     ptx.Algorithm
+		rowCache bool
+	}{{ptx.OneShot, false}, {ptx.OneShot, true}, {ptx.TwoShot, false}} {
+		if k.rowCache && c.size > ptx.MaxRowCacheRanks {
+			continue
+		}
+		if _, _, err := c.kernels.fusedKernel(c.scope, k.algo, dt, k.rowCache); err != nil {
 			return fmt.Errorf("collective: rank %d: %w", c.rank, err)
 		}
 	}
@@ -303,6 +310,22 @@ func (c *Comm) ncclNormKernel(dt DType) (*driver.Function, error) {
 		return nil, c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
 	}
 	return m.fn, nil
+}
+
+// fusedRowCacheRows is the most rows of a fused one-shot call that takes the kernel with the
+// row cache (ptx.FusedSpec.RowCache). Measured on an H200, virtual ranks, hidden 8192 bf16,
+// one graph per rank (arsmoke --fused -g, a build that always took the cached one-shot against
+// one without the cache, four passes alternating in one call): at 2 ranks
+// 3.21-3.53 against 3.37-3.81 us at 1 row, 3.42-3.62 against 3.72-4.09 at 8, 3.51-4.00 against
+// 3.81-4.04 at 32, but 4.12-4.59 against 4.03-4.35 at 64 and 6.62-6.86 against 5.61-5.90 at
+// 128 (two rows a block); at 4 and 8 ranks faster or even from 1 to 64 rows.
+const fusedRowCacheRows = 32
+
+// fusedRowCache reports whether a fused call of rows rows takes the one-shot with the row
+// cache: kernel OneShot, at most ptx.MaxRowCacheRanks ranks, at most fusedRowCacheRows rows,
+// and one block per row (at most blocks, the communicator's grid).
+func fusedRowCache(kernel ptx.Algorithm, worldSize, rows, blocks int) bool {
+	return kernel == ptx.OneShot && worldSize <= ptx.MaxRowCacheRanks && rows <= min(fusedRowCacheRows, blocks)
 }
 
 // fusedLimit is the largest grid of a fused kernel that fits occ blocks per SM. The ranks

@@ -275,9 +275,22 @@ func TestFusedLimit(t *testing.T) {
 	assert.Equal(t, 64, own.fusedLimit(1))
 }
 
-// TestLoadFused: LoadFused loads the fused one-shot and two-shot of the communicator's scope
-// and the norm kernel of the element type, each once, and nothing of other element types;
-// it refuses an unknown element type and a closed communicator.
+// TestFusedRowCache: the one-shot with the row cache serves calls of up to fusedRowCacheRows
+// rows, one block each (rows within the communicator's grid), of up to ptx.MaxRowCacheRanks
+// ranks; TwoShot never.
+func TestFusedRowCache(t *testing.T) {
+	assert.True(t, fusedRowCache(ptx.OneShot, 2, 1, 64))
+	assert.True(t, fusedRowCache(ptx.OneShot, 8, 16, 16))
+	assert.True(t, fusedRowCache(ptx.OneShot, 4, fusedRowCacheRows, 64))
+	assert.False(t, fusedRowCache(ptx.OneShot, 4, fusedRowCacheRows+1, 64), "more rows than the cache is for")
+	assert.False(t, fusedRowCache(ptx.OneShot, 8, 17, 16), "two rows a block")
+	assert.False(t, fusedRowCache(ptx.OneShot, ptx.MaxRowCacheRanks+1, 1, 64), "no registers to spare")
+	assert.False(t, fusedRowCache(ptx.TwoShot, 2, 1, 64))
+}
+
+// TestLoadFused: LoadFused loads the fused one-shot (with and without the row cache) and
+// two-shot of the communicator's scope and the norm kernel of the element type, each once, and
+// nothing of other element types; it refuses an unknown element type and a closed communicator.
 func TestLoadFused(t *testing.T) {
 	f := newFakeJIT(0)
 	mc := f.cache(2)
@@ -289,15 +302,15 @@ func TestLoadFused(t *testing.T) {
 		require.NoError(t, unloadKernels(mc))
 	}()
 	c := &Comm{kernels: ks, scope: ptx.ScopeGPU, size: 4}
-	want := []string{"goccl_fused_oneshot_bf16_w4_gpu", "goccl_fused_twoshot_bf16_w4_gpu", "goccl_rmsnorm_bf16"}
+	want := []string{"goccl_fused_oneshot_bf16_w4_gpu", "goccl_fused_oneshot_rc_bf16_w4_gpu", "goccl_fused_twoshot_bf16_w4_gpu", "goccl_rmsnorm_bf16"}
 	for range 2 {
 		require.NoError(t, c.LoadFused(BFloat16))
 		for _, entry := range want {
 			assert.Equal(t, 1, f.count(entry), entry)
 		}
 	}
-	assert.Equal(t, 9+len(want), f.total(), "the plain kernels and the three of bf16, nothing else")
-	fn, _, err := ks.fusedKernel(ptx.ScopeGPU, ptx.TwoShot, BFloat16)
+	assert.Equal(t, 9+len(want), f.total(), "the plain kernels and the four of bf16, nothing else")
+	fn, _, err := ks.fusedKernel(ptx.ScopeGPU, ptx.TwoShot, BFloat16, false)
 	require.NoError(t, err)
 	assert.NotNil(t, fn, "the call finds it loaded")
 	assert.Equal(t, 9+len(want), f.total())

@@ -59,9 +59,10 @@ type kernelSet struct {
 	// fused holds the fused all-reduce + RMSNorm kernels loaded so far (guarded by
 	// kernelCache.mu): fusedKernel loads each on its first use, so that communicators that
 	// never call AllReduceResidualRMSNorm pay no JIT for them.
-	fused [ptx.ScopeGPU + 1][ptx.Push + 1][dtype.BFloat16 + 1]*driver.Function
+	// The last index is ptx.FusedSpec.RowCache (1: the one-shot with the row cache).
+	fused [ptx.ScopeGPU + 1][ptx.Push + 1][dtype.BFloat16 + 1][2]*driver.Function
 	// fusedOcc is each loaded fused kernel's occupancy at ThreadsPerBlock (blocks per SM).
-	fusedOcc [ptx.ScopeGPU + 1][ptx.Push + 1][dtype.BFloat16 + 1]int
+	fusedOcc [ptx.ScopeGPU + 1][ptx.Push + 1][dtype.BFloat16 + 1][2]int
 	// norm holds the single-rank residual add + RMSNorm kernels loaded so far (guarded by
 	// kernelCache.mu), one per element type: normKernel loads each on its first use.
 	norm [dtype.BFloat16 + 1]*driver.Function
@@ -201,21 +202,26 @@ func (ks *kernelSet) release() error {
 	return nil
 }
 
-// fusedKernel returns the fused kernel of (scope, algo, dt), loading it on first use, and its
-// occupancy at ThreadsPerBlock. It may be below the plain kernels' (the blocks per SM the
-// ranks sized their grids for): the caller then shrinks the grid (Comm.fusedLimit).
-func (ks *kernelSet) fusedKernel(scope ptx.Scope, algo ptx.Algorithm, dt dtype.DType) (*driver.Function, int, error) {
+// fusedKernel returns the fused kernel of (scope, algo, dt, rowCache: see
+// ptx.FusedSpec.RowCache), loading it on first use, and its occupancy at ThreadsPerBlock. It
+// may be below the plain kernels' (the blocks per SM the ranks sized their grids for): the
+// caller then shrinks the grid (Comm.fusedLimit).
+func (ks *kernelSet) fusedKernel(scope ptx.Scope, algo ptx.Algorithm, dt dtype.DType, rowCache bool) (*driver.Function, int, error) {
 	kernelCache.mu.Lock()
 	defer kernelCache.mu.Unlock()
-	if fn := ks.fused[scope][algo][dt]; fn != nil {
-		return fn, ks.fusedOcc[scope][algo][dt], nil
+	rc := 0
+	if rowCache {
+		rc = 1
 	}
-	spec := ptx.FusedSpec{Algo: algo, DType: dt, WorldSize: ks.key.worldSize, Target: ks.key.target, Scope: scope}
+	if fn := ks.fused[scope][algo][dt][rc]; fn != nil {
+		return fn, ks.fusedOcc[scope][algo][dt][rc], nil
+	}
+	spec := ptx.FusedSpec{Algo: algo, DType: dt, WorldSize: ks.key.worldSize, Target: ks.key.target, Scope: scope, RowCache: rowCache}
 	fn, occ, err := ks.loadModule(spec.EntryName(), spec.Target, spec.Generate)
 	if err != nil {
 		return nil, 0, err
 	}
-	ks.fused[scope][algo][dt], ks.fusedOcc[scope][algo][dt] = fn, occ
+	ks.fused[scope][algo][dt][rc], ks.fusedOcc[scope][algo][dt][rc] = fn, occ
 	return fn, occ, nil
 }
 

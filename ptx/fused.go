@@ -183,7 +183,18 @@ type FusedSpec struct {
 	WorldSize int
 	Target    Target
 	Scope     Scope
+	// RowCache (OneShot of at most MaxRowCacheRanks ranks) builds the one-shot that keeps
+	// each thread's first two vectors of a row in registers from its sum pass to its norm
+	// pass, with gamma's loaded during the block sum, so that the norm pass of a row reads
+	// nothing back (two trips to memory a row at hidden 8192 of 16-bit elements). It is the
+	// faster kernel for calls of few rows, a block each, and was slower than the plain one at
+	// 2 ranks and 64 to 128 rows on an H200: collective picks it by the call's rows.
+	RowCache bool
 }
+
+// MaxRowCacheRanks is the most ranks of a fused one-shot with RowCache: past 8 its loads
+// leave no registers for the cache (ptxas gives the 16-rank kernel 122 of its 128 without).
+const MaxRowCacheRanks = 8
 
 func (s FusedSpec) plain() Spec {
 	return Spec{Algo: s.Algo, DType: s.DType, WorldSize: s.WorldSize, Target: s.Target, Scope: s.Scope}
@@ -197,13 +208,20 @@ func (s FusedSpec) Validate() error {
 	if err := s.plain().Validate(); err != nil {
 		return fmt.Errorf("fused %w", err)
 	}
+	if s.RowCache && (s.Algo != OneShot || s.WorldSize > MaxRowCacheRanks) {
+		return fmt.Errorf("fused kernel spec: RowCache is for the one-shot of at most %d ranks, not %v of %d", MaxRowCacheRanks, s.Algo, s.WorldSize)
+	}
 	return nil
 }
 
-// EntryName returns the kernel's .entry name, goccl_fused_<algo>_<dtype>_w<ws>, with "_gpu"
-// appended for ScopeGPU.
+// EntryName returns the kernel's .entry name, goccl_fused_<algo>_<dtype>_w<ws>, with
+// <algo> "oneshot_rc" for RowCache and "_gpu" appended for ScopeGPU.
 func (s FusedSpec) EntryName() string {
-	name := fmt.Sprintf("goccl_fused_%s_%s_w%d", s.Algo, s.DType, s.WorldSize)
+	algo := s.Algo.String()
+	if s.RowCache {
+		algo += "_rc"
+	}
+	name := fmt.Sprintf("goccl_fused_%s_%s_w%d", algo, s.DType, s.WorldSize)
 	if s.Scope == ScopeGPU {
 		name += "_gpu"
 	}
@@ -225,6 +243,7 @@ func (s FusedSpec) Generate() ([]byte, error) {
 	}
 	k := newKernel(s.plain())
 	k.Entry = s.EntryName()
+	k.rowCache = s.RowCache
 	return execute("fused_"+s.Algo.String(), k)
 }
 
@@ -248,6 +267,7 @@ func (s NormSpec) Generate() ([]byte, error) {
 	}
 	k := newKernel(Spec{Algo: OneShot, DType: s.DType, WorldSize: 1, Target: s.Target})
 	k.Entry = s.EntryName()
+	k.rowCache = true
 	return execute("rmsnorm", k)
 }
 
@@ -312,3 +332,26 @@ func (k *kernel) TreeOffsets() []int { return []int{16, 8, 4, 2, 1} }
 // ws+1 loads in flight a vector already, and the prefetch made their two-shot slower on an
 // H200 (docs/benchmarks.md, "Loads ahead").
 func (k *kernel) PrefetchNext() bool { return k.WS == 1 }
+
+// RowCache lists the vectors u (the thread's vectors tid + u*ntid of a row) that a kernel
+// with one block per row keeps in registers from the sum pass to the norm pass, with gamma's
+// loaded during the block sum (FusedSpec.RowCache; the single-rank RMSNorm kernel always),
+// for the templates; nil for the others.
+func (k *kernel) RowCache() []int {
+	if !k.rowCache {
+		return nil
+	}
+	return []int{0, 1}
+}
+
+// MaxRegs is the register limit (.maxnreg) of a fused kernel, 0 for none: 64 for the row
+// cache's one-shot of 3 and 4 ranks, which would otherwise take 72 under the driver's JIT and
+// so fit one block of 512 threads per SM instead of the plain kernels' two, which the ranks
+// size their grids by (collective would halve the fused grid). At 2 ranks it takes 62 on its
+// own; from 5 ranks the plain kernels fit one block per SM too.
+func (k *kernel) MaxRegs() int {
+	if k.rowCache && k.WS >= 3 && k.WS <= 4 {
+		return 64
+	}
+	return 0
+}

@@ -27,6 +27,9 @@ func allFusedSpecs() []FusedSpec {
 				for _, dt := range dtype.All {
 					for _, ws := range testWorldSizes {
 						specs = append(specs, FusedSpec{Algo: algo, DType: dt, WorldSize: ws, Target: target, Scope: scope})
+						if algo == OneShot && ws <= MaxRowCacheRanks {
+							specs = append(specs, FusedSpec{Algo: algo, DType: dt, WorldSize: ws, Target: target, Scope: scope, RowCache: true})
+						}
 					}
 				}
 			}
@@ -37,7 +40,15 @@ func allFusedSpecs() []FusedSpec {
 
 func TestFusedEntrySignature(t *testing.T) {
 	specs := allFusedSpecs()
-	require.Len(t, specs, 5*3*len(testWorldSizes)*2)
+	// the one-shot with RowCache too: 2 scopes, up to MaxRowCacheRanks ranks
+	cached := 0
+	for _, ws := range testWorldSizes {
+		if ws <= MaxRowCacheRanks {
+			cached++
+		}
+	}
+	want := (5*len(testWorldSizes) + 2*cached) * 3 * 2
+	require.Len(t, specs, want)
 	names := map[string]bool{}
 	for _, s := range specs {
 		src, err := s.Generate()
@@ -53,7 +64,7 @@ func TestFusedEntrySignature(t *testing.T) {
 		}
 		names[s.EntryName()+s.Target.String()] = true
 	}
-	assert.Len(t, names, 5*3*len(testWorldSizes)*2)
+	assert.Len(t, names, want)
 	for _, dt := range dtype.All {
 		for _, target := range []Target{SM80, SM90} {
 			src, err := NormSpec{dt, target}.Generate()
@@ -199,14 +210,15 @@ func TestFusedCall(t *testing.T) {
 	assert.Equal(t, 256, FusedThreads(256))
 	assert.Equal(t, 512, FusedThreads(4096))
 
-	assert.NoError(t, FusedSpec{Push, dtype.BFloat16, 4, SM90, ScopeSystem}.Validate())
-	assert.ErrorContains(t, FusedSpec{Algorithm(7), dtype.BFloat16, 4, SM90, ScopeSystem}.Validate(), "ptx.OneShot, ptx.TwoShot and ptx.Push")
-	assert.ErrorContains(t, FusedSpec{OneShot, dtype.BFloat16, 17, SM90, ScopeSystem}.Validate(), "world size 17")
-	assert.Equal(t, "goccl_fused_push_bf16_w4", FusedSpec{Push, dtype.BFloat16, 4, SM90, ScopeSystem}.EntryName())
+	assert.NoError(t, FusedSpec{Push, dtype.BFloat16, 4, SM90, ScopeSystem, false}.Validate())
+	assert.ErrorContains(t, FusedSpec{Algorithm(7), dtype.BFloat16, 4, SM90, ScopeSystem, false}.Validate(), "ptx.OneShot, ptx.TwoShot and ptx.Push")
+	assert.ErrorContains(t, FusedSpec{OneShot, dtype.BFloat16, 17, SM90, ScopeSystem, false}.Validate(), "world size 17")
+	assert.Equal(t, "goccl_fused_push_bf16_w4", FusedSpec{Push, dtype.BFloat16, 4, SM90, ScopeSystem, false}.EntryName())
 	assert.Equal(t, "all-reduce+rmsnorm of 1 rows of 8192 bf16 elements (push)", FusedCall(Push, dtype.BFloat16, 1, 8192, false).String())
 	_, err := NormSpec{DType: 0, Target: SM90}.Generate()
 	assert.Error(t, err)
-	assert.Equal(t, "goccl_fused_twoshot_f16_w8_gpu", FusedSpec{TwoShot, dtype.Float16, 8, SM80, ScopeGPU}.EntryName())
+	assert.Equal(t, "goccl_fused_twoshot_f16_w8_gpu", FusedSpec{TwoShot, dtype.Float16, 8, SM80, ScopeGPU, false}.EntryName())
+	assert.Equal(t, "goccl_fused_oneshot_rc_bf16_w2_gpu", FusedSpec{OneShot, dtype.BFloat16, 2, SM90, ScopeGPU, true}.EntryName())
 }
 
 // TestFusedOccupancy: collective caps every grid with the smallest occupancy of the plain
@@ -235,10 +247,12 @@ func TestFusedOccupancy(t *testing.T) {
 							continue
 						}
 						for _, dt := range dtype.All {
-							s := FusedSpec{algo, dt, ws, target, scope}
-							rep, err := assemble(ptxas, target.String(), mustGenerate(t, s.Generate), t.TempDir())
-							require.NoError(t, err)
-							assert.GreaterOrEqual(t, blocksPerSM(rep.Registers), plain, "%s: %d registers", s.EntryName(), rep.Registers)
+							for _, cache := range []bool{false, algo == OneShot} {
+								s := FusedSpec{algo, dt, ws, target, scope, cache}
+								rep, err := assemble(ptxas, target.String(), mustGenerate(t, s.Generate), t.TempDir())
+								require.NoError(t, err)
+								assert.GreaterOrEqual(t, blocksPerSM(rep.Registers), plain, "%s: %d registers", s.EntryName(), rep.Registers)
+							}
 						}
 					}
 				})
@@ -348,10 +362,14 @@ func TestNormPrefetch(t *testing.T) {
 		for _, target := range []Target{SM80, SM90} {
 			s := NormSpec{DType: dt, Target: target}
 			text := code(mustGenerate(t, s.Generate))
-			assert.Equal(t, 2, strings.Count(text, "prefetch.global.L1 [%a];"), s.EntryName())
+			// the input's and the residual's: in each of the sum pass's copies of its vector's
+			// work (the row cache's two vectors, then the loop)
+			assert.Equal(t, 2*3, strings.Count(text, "prefetch.global.L1 [%a];"), s.EntryName())
 			assert.Contains(t, text, "add.u32 %t1, %vi, %bthreads;\n\tsetp.lt.u32 %more, %t1, %hvec;\n\t@!%more bra PREFETCHED;", s.EntryName())
 			// issued after the loads of the vector being summed, so that those go out first
-			assert.Less(t, strings.Index(text, "ld.global.v4.b32"), strings.Index(text, "prefetch.global.L1"), s.EntryName())
+			load := strings.Index(text, "ld.global.v4.b32 {%v0, %v1, %v2, %v3}")
+			assert.Positive(t, load, s.EntryName())
+			assert.Less(t, load, strings.Index(text, "prefetch.global.L1"), s.EntryName())
 		}
 	}
 	for _, s := range allFusedSpecs() {
@@ -402,4 +420,55 @@ func TestFusedPieces(t *testing.T) {
 	assert.Equal(t, CallOffset+MaxBlocks*16, FusedRowSyncOffset, "right after call[64 blocks]")
 	assert.Equal(t, FusedRowSyncOffset+4*MaxSplitRows, FusedSumsOffset, "right after fused_rows")
 	assert.LessOrEqual(t, FusedSumsOffset+4*MaxPieces*MaxSplitRows, SignalBytes)
+}
+
+// TestRowCache: the fused one-shot built with RowCache and the single-rank RMSNorm kernel keep
+// the thread's first two vectors of a row in registers for the norm pass, with gamma's loaded
+// before the block sum: the norm pass reads memory only past them. The other fused kernels do
+// not; RowCache is refused past MaxRowCacheRanks and for the other algorithms; only the cached
+// one-shot of 3 and 4 ranks carries a register limit.
+
+func TestRowCache(t *testing.T) {
+	cached := func(name, text string) {
+		t.Helper()
+		for u := range 2 {
+			gamma := fmt.Sprintf("@%%gin ld.global.v4.b32 {%%gc%d, %%gc%d, %%gc%d, %%gc%d}, [%%a];", 4*u, 4*u+1, 4*u+2, 4*u+3)
+			assert.Equal(t, 1, strings.Count(text, gamma), name)
+			// between the sum pass and the block sum
+			assert.Less(t, strings.Index(text, "SUMMED:"), strings.Index(text, gamma), name)
+			assert.Less(t, strings.Index(text, gamma), strings.Index(text, "==== the row's sum of squares"), name)
+			for w := range 4 {
+				// kept after the sum pass, taken back by the norm pass
+				assert.Equal(t, 1, strings.Count(text, fmt.Sprintf("mov.b32 %%rc%d, ", 4*u+w)), name)
+				assert.Equal(t, 1, strings.Count(text, fmt.Sprintf("mov.b32 %%o%d, %%rc%d;", w, 4*u+w)), name)
+				assert.Equal(t, 1, strings.Count(text, fmt.Sprintf("mov.b32 %%v%d, %%gc%d;", w, 4*u+w)), name)
+			}
+		}
+		// the vectors past the cache: the loop still reads ResidualOut and gamma back
+		assert.Equal(t, 1, strings.Count(text, "add.u64 %a, %rout, %a;\n\tld.global.v4.b32 {%o0, %o1, %o2, %o3}, [%a];"), name)
+	}
+	for _, dt := range dtype.All {
+		for _, target := range []Target{SM80, SM90} {
+			s := NormSpec{DType: dt, Target: target}
+			cached(s.EntryName(), string(mustGenerate(t, s.Generate)))
+		}
+	}
+	for _, s := range allFusedSpecs() {
+		text := string(mustGenerate(t, s.Generate))
+		assert.Equal(t, s.RowCache && s.WorldSize >= 3 && s.WorldSize <= 4, strings.Contains(text, "\n.maxnreg 64\n"), s.EntryName())
+		if s.RowCache {
+			assert.Contains(t, s.EntryName(), "_oneshot_rc_", s.EntryName())
+			cached(s.EntryName(), text)
+			continue
+		}
+		assert.False(t, strings.Contains(text, "%rc") || strings.Contains(text, "%gc"), "%s keeps no row cache", s.EntryName())
+	}
+	for _, bad := range []FusedSpec{
+		{Algo: OneShot, DType: dtype.BFloat16, WorldSize: MaxRowCacheRanks + 1, Target: SM90, RowCache: true},
+		{Algo: TwoShot, DType: dtype.BFloat16, WorldSize: 2, Target: SM90, RowCache: true},
+		{Algo: Push, DType: dtype.BFloat16, WorldSize: 2, Target: SM90, RowCache: true},
+	} {
+		_, err := bad.Generate()
+		assert.ErrorContains(t, err, "RowCache is for the one-shot", "%v of %d", bad.Algo, bad.WorldSize)
+	}
 }

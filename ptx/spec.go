@@ -132,7 +132,11 @@ type kernel struct {
 	// DeferRearm: push may leave the re-arm of its receive slots to the next call (see
 	// templates/push.ptx.tmpl), from DeferRearmMinRanks ranks on
 	DeferRearm bool
-	Elems      int // elements per 16-byte vector
+	// rowCache: the kernel keeps the thread's first vectors of a row in registers between
+	// its passes (RowCache): the fused one-shot built with FusedSpec.RowCache, and the
+	// single-rank RMSNorm kernel
+	rowCache bool
+	Elems    int // elements per 16-byte vector
 	// LaneMask has the non-sign bits of every element of a 32-bit word set,
 	// SignMask the sign bits, LowOnes the lowest bit of every element.
 	LaneMask, SignMask, LowOnes string
