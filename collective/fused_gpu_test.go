@@ -371,6 +371,55 @@ func TestAllReduceResidualRMSNormRefusals(t *testing.T) {
 	t.Logf("rank 0: %v", err)
 }
 
+// TestFusedCallMismatch: ranks whose fused calls differ in their rows get an error naming both
+// calls at once, not wrong rows or a hang: OneShot with few rows (its row-cache build, whose
+// blocks check the calls after their sum pass) and with more, and TwoShot. The grids differ
+// too (a block per row), so the blocks that only some ranks launch give up once their rank's
+// record is set.
+func TestFusedCallMismatch(t *testing.T) {
+	requireGPU(t)
+	const ws, hidden = 3, 4096
+	cases := []struct {
+		algo        collective.Algorithm
+		rank0, rest int
+	}{
+		{collective.OneShot, 4, 8},
+		{collective.OneShot, 40, 48},
+		{collective.TwoShot, 24, 30},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprintf("%v/rows%d-%d", tc.algo, tc.rank0, tc.rest), func(t *testing.T) {
+			timeout := 3 * time.Second
+			g := newFusedGroup(t, ws, collective.Options{Timeout: timeout}, 1<<20)
+			start := time.Now()
+			for r, rb := range g.ranks {
+				rows := tc.rest
+				if r == 0 {
+					rows = tc.rank0
+				}
+				fc := &fusedCase{dt: dtype.BFloat16, rows: rows, hidden: hidden}
+				require.NoError(t, rb.comm.AllReduceResidualRMSNormWith(rb.stream, g.args(r, fc, false, false), tc.algo), "rank %d", r)
+			}
+			g.waitAll(4 * timeout)
+			err := g.ranks[0].comm.Err()
+			require.ErrorIs(t, err, collective.ErrCallMismatch, "rank 0 (after %v)", time.Since(start))
+			var ke *collective.KernelError
+			require.ErrorAs(t, err, &ke)
+			assert.Equal(t, 0, ke.Rank)
+			assert.NotEqual(t, 0, ke.Peer)
+			mine, mineHidden := ptx.FusedShape(ke.Mine.Count)
+			theirs, theirsHidden := ptx.FusedShape(ke.Theirs.Count)
+			assert.Equal(t, []int{tc.rank0, hidden}, []int{mine, mineHidden})
+			assert.Equal(t, []int{tc.rest, hidden}, []int{theirs, theirsHidden})
+			assert.Less(t, time.Since(start), timeout, "the mismatch should be reported at once, not after the watchdog's timeout")
+			for r, rb := range g.ranks {
+				require.Error(t, rb.comm.Err(), "rank %d took part in a mismatched call and must not look healthy", r)
+			}
+			t.Logf("rank 0: %v", err)
+		})
+	}
+}
+
 // TestRMSNormKernel checks the single-rank kernel of the unfused pair (Comm.ResidualRMSNorm)
 // bitwise against the reference with one input, bf16 and f16, every hidden size of fusedHidden
 // and row count of fusedRows, in place over the residual.

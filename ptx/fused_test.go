@@ -472,3 +472,51 @@ func TestRowCache(t *testing.T) {
 		assert.ErrorContains(t, err, "RowCache is for the one-shot", "%v of %d", bad.Algo, bad.WorldSize)
 	}
 }
+
+// TestSplitExitBarrier: the fused one-shot's row-cache build splits its exit barrier. The block
+// checks the peers' calls and arrives right after the sum pass of its last row (before the
+// block sum), or at the end if it had no row or a failed slot check, and waits for the peers
+// once, at the end, after the PDL trigger. The other fused kernels keep the whole barrier.
+func TestSplitExitBarrier(t *testing.T) {
+	for _, s := range allFusedSpecs() {
+		text := string(mustGenerate(t, s.Generate)) // the markers are comments
+		name := s.EntryName()
+		if !s.RowCache {
+			assert.NotContains(t, text, "exit barrier, arrive", name)
+			assert.NotContains(t, text, "exit barrier, wait", name)
+			continue
+		}
+		assert.NotContains(t, text, "==== exit barrier:", name)
+		arrive := "==== exit barrier, arrive"
+		require.Equal(t, 2, strings.Count(text, arrive), name)
+		require.Equal(t, 1, strings.Count(text, "==== exit barrier, wait"), name)
+		first := strings.Index(text, arrive)
+		second := first + len(arrive) + strings.Index(text[first+len(arrive):], arrive)
+		wait := strings.Index(text, "==== exit barrier, wait")
+		// after the sum pass, before the block sum; the call check right before each arrival
+		assert.Less(t, strings.Index(text, "SUMMED:"), first, name)
+		assert.Less(t, first, strings.Index(text, "==== the row's sum of squares"), name)
+		check := "==== call check, second half"
+		assert.Equal(t, 2, strings.Count(text, check), name)
+		assert.Less(t, strings.Index(text, check), first, name)
+		assert.Less(t, strings.LastIndex(text, check), second, name)
+		assert.Less(t, first, strings.LastIndex(text, check), name)
+		// the late arrival and the wait at the end, the PDL trigger between them
+		assert.Less(t, strings.Index(text, "DONE:"), second, name)
+		assert.Less(t, second, wait, name)
+		if s.Target == SM90 {
+			trigger := strings.LastIndex(text, "griddepcontrol.launch_dependents")
+			assert.Less(t, second, trigger, name)
+			assert.Less(t, trigger, wait, name)
+		}
+		// the arrive half advances the round and tells the peers; the wait half only polls
+		half := text[wait:]
+		assert.NotContains(t, half, "add.u32 %round, %round, 1;", name)
+		assert.NotContains(t, half, "red.relaxed.gpu.global.add.u32", name)
+		assert.NotContains(t, half, "st.volatile.global.u32 [%flag+", name)
+		assert.Contains(t, half, "SPIN:", name)
+		between := text[first:second]
+		assert.Equal(t, 1, strings.Count(between, "add.u32 %round, %round, 1;"), name)
+		assert.NotContains(t, between, "SPIN:", name)
+	}
+}

@@ -269,6 +269,10 @@ type barrier struct {
 	// Publish: thread 0 writes this rank's call, tagged with the round, into its call[b]
 	// for the peers' call check (the entry barrier).
 	Publish bool
+	// Part: "" for the whole barrier; "arrive" or "wait" for its halves, in that order with
+	// other work between (a chained barrier without release: the split exit barrier).
+	// arrive has the bar.sync and the lanes' arrivals, wait the lanes' waits.
+	Part string
 	// Staged: the one-shot entry barrier, before which the kernel may have copied its input
 	// into its own input slot (FlagStageInput, register %stage, whose copy ends with a
 	// bar.sync). With %stage, lanes fence (acq_rel, the kernel's scope) before telling a peer,
@@ -276,7 +280,8 @@ type barrier struct {
 	Staged bool
 }
 
-// Barrier returns the entry, staged entry (one-shot's), middle, exit or delivered barrier.
+// Barrier returns the entry, staged entry (one-shot's), middle, exit or delivered barrier,
+// or one half of the exit barrier ("exit arrive", "exit wait").
 func (k *kernel) Barrier(name string) (barrier, error) {
 	switch name {
 	case "entry":
@@ -288,6 +293,9 @@ func (k *kernel) Barrier(name string) (barrier, error) {
 		return barrier{kernel: k, Name: name, Phase: int(PhaseMiddle), Pre: true, Post: true, Acquire: true, Chained: true}, nil
 	case "exit":
 		return barrier{kernel: k, Name: name, Phase: int(PhaseExit), Pre: true, Chained: true}, nil
+	case "exit arrive", "exit wait":
+		// the exit barrier in two halves (the fused one-shot's row cache build)
+		return barrier{kernel: k, Name: "exit", Phase: int(PhaseExit), Pre: true, Chained: true, Part: strings.TrimPrefix(name, "exit ")}, nil
 	case "delivered":
 		// the direct two-shot's exit: its shards were written into the peers' outputs by this
 		// kernel, so the flags carry them (release/acquire), like the middle barrier's
