@@ -314,11 +314,11 @@ func (c *Comm) ncclNormKernel(dt DType) (*driver.Function, error) {
 
 // fusedRowCacheRows is the most rows of a fused one-shot call that takes the kernel with the
 // row cache (ptx.FusedSpec.RowCache). Measured on an H200, virtual ranks, hidden 8192 bf16,
-// one graph per rank (arsmoke --fused -g, a build that always took the cached one-shot against
-// one without the cache, four passes alternating in one call): at 2 ranks
-// 3.21-3.53 against 3.37-3.81 us at 1 row, 3.42-3.62 against 3.72-4.09 at 8, 3.51-4.00 against
-// 3.81-4.04 at 32, but 4.12-4.59 against 4.03-4.35 at 64 and 6.62-6.86 against 5.61-5.90 at
-// 128 (two rows a block); at 4 and 8 ranks faster or even from 1 to 64 rows.
+// one graph per rank (arsmoke --fused -g, four passes alternating in one call, a build with one
+// fused one-shot that carried the cache against one without it): at 2 ranks 3.21-3.53 against
+// 3.37-3.81 us at 1 row, 3.42-3.62 against 3.72-4.09 at 8, 3.51-4.00 against 3.81-4.04 at 32,
+// but 4.12-4.59 against 4.03-4.35 at 64 and 6.62-6.86 against 5.61-5.90 at 128 (two rows a
+// block); at 4 and 8 ranks faster or even from 1 to 64 rows (docs/benchmarks.md, "Row cache").
 const fusedRowCacheRows = 32
 
 // fusedRowCache reports whether a fused call of rows rows takes the one-shot with the row

@@ -186,9 +186,11 @@ type FusedSpec struct {
 	// RowCache (OneShot of at most MaxRowCacheRanks ranks) builds the one-shot that keeps
 	// each thread's first two vectors of a row in registers from its sum pass to its norm
 	// pass, with gamma's loaded during the block sum, so that the norm pass of a row reads
-	// nothing back (two trips to memory a row at hidden 8192 of 16-bit elements). It is the
-	// faster kernel for calls of few rows, a block each, and was slower than the plain one at
-	// 2 ranks and 64 to 128 rows on an H200: collective picks it by the call's rows.
+	// nothing back (two trips to memory a row at hidden 8192 of 16-bit elements), and splits
+	// its exit barrier: a block arrives after the sum pass of its last row and waits at the
+	// end. It is the faster kernel for calls of few rows, a block each, and was slower than
+	// the plain one at 2 ranks and 64 to 128 rows on an H200: collective picks it by the
+	// call's rows.
 	RowCache bool
 }
 
