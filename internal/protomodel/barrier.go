@@ -111,6 +111,21 @@ func (m *barrier) waitPublishing(rank, b int, j *jitter, pub *publisher) (uint32
 // of their arrival (3): the one-shot entry barrier's fence, which releases the block's staged
 // copies (nil for none).
 func (m *barrier) waitReleasing(rank, b int, j *jitter, pub *publisher, release func(lane int)) (uint32, bool) {
+	return m.handshake(rank, b, j, pub, release, nil)
+}
+
+// waitSplit is wait in two halves, as the fused one-shot's row-cache build runs its exit
+// barrier: every lane first tells its peer (2, 3; the arrive half), then the block runs
+// between (its work between the halves; false stops the run), and only then do the lanes
+// poll (4, 5; the wait half).
+func (m *barrier) waitSplit(rank, b int, j *jitter, between func() bool) (uint32, bool) {
+	return m.handshake(rank, b, j, nil, nil, between)
+}
+
+// handshake runs steps (2) to (5) for every lane of block b of rank in a random interleaving
+// (waitReleasing), or, with between, every lane's (2) and (3) before between and every poll
+// after it (waitSplit).
+func (m *barrier) handshake(rank, b int, j *jitter, pub *publisher, release func(lane int), between func() bool) (uint32, bool) {
 	ws := len(m.sig)
 	own := m.sig[rank]
 	lanes := make([]lane, ws)
@@ -118,6 +133,7 @@ func (m *barrier) waitReleasing(rank, b int, j *jitter, pub *publisher, release 
 	for t := range pending {
 		pending[t] = t
 	}
+	arrived := 0
 	for len(pending) > 0 {
 		if m.run.stopped() {
 			for _, t := range pending {
@@ -159,8 +175,19 @@ func (m *barrier) waitReleasing(rank, b int, j *jitter, pub *publisher, release 
 				m.sig[t][peerCounterWord(m.phase(l.val), b, rank)].Store(l.val)
 			}
 			l.stored = true
+			arrived++
 			j.pause()
 			continue
+		}
+		if between != nil {
+			if arrived < ws {
+				// the wait half starts once every lane has arrived
+				continue
+			}
+			if !between() {
+				return 0, false
+			}
+			between = nil
 		}
 		// (4)/(5) One poll of the slot rank t writes for this rank.
 		if !m.reached(own[peerCounterWord(m.phase(l.val), b, t)].Load(), l.val) {

@@ -95,7 +95,12 @@
 // StagedNoRelease (no fence), StagedNoBarSync (lane t's fence lands only thread
 // t's stores), StagedNoAcquire (about half of the reads of peers performed before
 // the barrier), StagedAfterBarrier (the copy after the entry barrier) and
-// StagedOtherBlock (block b copies block b+1's elements).
+// StagedOtherBlock (block b copies block b+1's elements). SplitExit runs the exit
+// barrier in two halves, as the fused one-shot's row-cache build does: every lane
+// tells its peer right after the block's reads, the block works on (its norm pass:
+// pauses), then the lanes poll; no call may write its input while a peer still
+// reads. Its broken variant SplitEarly arrives before the block's last reads and
+// must be caught reading another call's data.
 //
 // Residency (Residency). The runs above assume every block runs; with ranks
 // sharing a GPU that needs every block they wait for to be resident, and PDL

@@ -71,6 +71,13 @@ type OneShotConfig struct {
 	// ExitBarrier keeps the kernel's exit barrier; without it the model must
 	// catch a stale read.
 	ExitBarrier bool
+	// SplitExit (with ExitBarrier) runs the exit barrier in two halves, as the fused
+	// one-shot's row-cache build does: the block tells its peers it has arrived right after
+	// its reads, goes on with work of its own, and waits for them at the end.
+	SplitExit bool
+	// SplitEarly (with SplitExit) is deliberately broken: the block arrives before its last
+	// reads, so a peer may pass the barrier and overwrite an input the block still reads.
+	SplitEarly bool
 	// Stage is how each call's input reaches the buffer the peers read.
 	Stage StageVariant
 	// Barrier is the barrier protocol: TwoPhase (the zero value) or Counting.
@@ -110,6 +117,9 @@ func OneShot(ctx context.Context, cfg OneShotConfig) (Stats, error) {
 	}
 	if cfg.Barrier != TwoPhase && cfg.Barrier != Counting {
 		return Stats{}, fmt.Errorf("protomodel: one-shot runs the kernels' barriers, TwoPhase or Counting, not %v", cfg.Barrier)
+	}
+	if cfg.SplitExit && !cfg.ExitBarrier || cfg.SplitEarly && !cfg.SplitExit {
+		return Stats{}, fmt.Errorf("protomodel: SplitExit splits the exit barrier (ExitBarrier), and SplitEarly is a SplitExit")
 	}
 	r := newRun(cfg.Stall)
 	m := &oneShotModel{cfg: cfg, run: r, bar: &barrier{sig: newSignals(cfg.Ranks), variant: cfg.Barrier, run: r}}
@@ -306,31 +316,69 @@ func (m *oneShotModel) block(rank, b, k int, j *jitter) (reads int) {
 		stage()
 		st.flush()
 	}
-	// The block's threads read in any order.
-	for _, x := range order {
-		i := elems[x]
-		for p := range cfg.Ranks {
-			var v uint32
-			switch {
-			case early != nil && early[x*cfg.Ranks+p] >= 0:
-				v = uint32(early[x*cfg.Ranks+p])
-			case p == rank && st != nil:
-				var ok bool
-				if v, ok = st.own(i); !ok {
+	// The block's threads read in any order; readAll reads the elements order[xs] of every
+	// rank and reports false after a stale read.
+	readAll := func(xs []int) bool {
+		for _, x := range xs {
+			i := elems[x]
+			for p := range cfg.Ranks {
+				var v uint32
+				switch {
+				case early != nil && early[x*cfg.Ranks+p] >= 0:
+					v = uint32(early[x*cfg.Ranks+p])
+				case p == rank && st != nil:
+					var ok bool
+					if v, ok = st.own(i); !ok {
+						v = m.in[p][i].Load()
+					}
+				default:
 					v = m.in[p][i].Load()
 				}
-			default:
-				v = m.in[p][i].Load()
+				if v != value {
+					m.run.fail(fmt.Errorf("protomodel: %w: %v: rank %d block %d (thread %d) in call %d read rank %d's element %d and found call %d's data",
+						ErrStaleRead, cfg.Stage, rank, b, threads[x], k, p, i, int(v)-1))
+					return false
+				}
+				reads++
+				j.pause()
 			}
-			if v != value {
-				m.run.fail(fmt.Errorf("protomodel: %w: %v: rank %d block %d (thread %d) in call %d read rank %d's element %d and found call %d's data",
-					ErrStaleRead, cfg.Stage, rank, b, threads[x], k, p, i, int(v)-1))
-				return reads
-			}
-			reads++
-			j.pause()
+			m.run.progress.Add(1)
 		}
+		return true
+	}
+	if cfg.SplitExit {
+		// the arrive half after the reads (SplitEarly: before the last of them), the wait half
+		// after the block's own work (the fused kernel's norm pass: pauses here)
+		cut := len(order)
+		if cfg.SplitEarly && cut > 0 {
+			cut = j.rng.IntN(cut)
+		}
+		if !readAll(order[:cut]) {
+			return reads
+		}
+		if cut == len(order) {
+			m.read[rank][b].Add(1)
+		}
+		if _, ok := m.bar.waitSplit(rank, b, j, func() bool {
+			if cut < len(order) {
+				if !readAll(order[cut:]) {
+					return false
+				}
+				m.read[rank][b].Add(1)
+			}
+			for range 1 + j.rng.IntN(4) {
+				j.pause()
+			}
+			return true
+		}); !ok {
+			return reads
+		}
+		m.run.rounds.Add(1)
 		m.run.progress.Add(1)
+		return reads
+	}
+	if !readAll(order) {
+		return reads
 	}
 	m.read[rank][b].Add(1)
 	if cfg.ExitBarrier {

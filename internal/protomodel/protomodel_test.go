@@ -200,6 +200,34 @@ func TestOneShotExitBarrier(t *testing.T) {
 	assert.Positive(t, st.Ahead)
 }
 
+// TestOneShotSplitExit runs the exit barrier in two halves, as the fused one-shot's row-cache
+// build does (a block arrives after its reads and waits after work of its own), over both
+// barriers, with the input copied before the kernel or staged by it: no call may write its
+// input while a peer still reads the previous one. Arriving before the last reads must be
+// caught reading another call's data.
+func TestOneShotSplitExit(t *testing.T) {
+	for _, v := range []BarrierVariant{TwoPhase, Counting} {
+		for _, stage := range []StageVariant{HostCopy, KernelStaged} {
+			t.Run(fmt.Sprintf("%v_%v", v, stage), func(t *testing.T) {
+				c := OneShotConfig{Ranks: 4, Blocks: 2, Threads: 6, Elems: 64, Rounds: 150, ExitBarrier: true, SplitExit: true,
+					Stage: stage, Barrier: v, Seed: 7}
+				st, err := OneShot(testContext(t), c)
+				require.NoError(t, err)
+				assert.Equal(t, c.Ranks*c.Blocks*c.Rounds, st.Rounds)
+				assert.Zero(t, st.Ahead, "with the exit barrier's arrivals after the reads no call may write while a peer still reads")
+			})
+			t.Run(fmt.Sprintf("%v_%v_early", v, stage), func(t *testing.T) {
+				st, err := catch(t, func(seed uint64) (Stats, error) {
+					return OneShot(testContext(t), OneShotConfig{Ranks: 4, Blocks: 2, Threads: 6, Elems: 64, Rounds: 150,
+						ExitBarrier: true, SplitExit: true, SplitEarly: true, Stage: stage, Barrier: v, Seed: seed, Stall: brokenStall})
+				})
+				require.ErrorIs(t, err, ErrStaleRead)
+				assert.Positive(t, st.Ahead)
+			})
+		}
+	}
+}
+
 // TestOneShotStaging runs the one-shot kernel that stages its own input (ptx.FlagStageInput)
 // over both barriers: its copies, weak stores that land late, are released by the lanes'
 // fences after the copy's bar.sync and acquired by the peers' polls, so no block ever reads
@@ -300,6 +328,10 @@ func TestConfigErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "unknown stage variant")
 	_, err = OneShot(ctx, OneShotConfig{Ranks: 2, Blocks: 1, Threads: 1, Barrier: OnePhase})
 	assert.ErrorContains(t, err, "one-phase")
+	_, err = OneShot(ctx, OneShotConfig{Ranks: 2, Blocks: 1, Threads: 1, SplitExit: true})
+	assert.ErrorContains(t, err, "SplitExit splits the exit barrier")
+	_, err = OneShot(ctx, OneShotConfig{Ranks: 2, Blocks: 1, Threads: 1, ExitBarrier: true, SplitEarly: true})
+	assert.ErrorContains(t, err, "SplitEarly is a SplitExit")
 	assert.Equal(t, []string{"host-copy", "kernel-staged", "staged-no-release", "staged-no-bar-sync", "staged-no-acquire", "staged-after-barrier", "staged-other-block", "StageVariant(9)"},
 		[]string{HostCopy.String(), KernelStaged.String(), StagedNoRelease.String(), StagedNoBarSync.String(), StagedNoAcquire.String(), StagedAfterBarrier.String(), StagedOtherBlock.String(), StageVariant(9).String()})
 }
