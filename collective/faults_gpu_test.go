@@ -197,13 +197,7 @@ func TestCallMismatch(t *testing.T) {
 					require.NoError(t, rb.comm.AllReduce(rb.stream, rb.out, rb.in, s.count, s.dt))
 				}
 				g.waitAll(4 * timeout)
-				// Rank 0 differs from every peer, so it sees the mismatch itself.
-				err := g.ranks[0].comm.Err()
-				require.ErrorIs(t, err, collective.ErrCallMismatch, "rank 0 (after %v)", time.Since(start))
-				var ke *collective.KernelError
-				require.ErrorAs(t, err, &ke)
-				assert.Equal(t, 0, ke.Rank)
-				assert.NotEqual(t, 0, ke.Peer)
+				ke := rank0Mismatch(t, g, start)
 				assert.Equal(t, uint64(tc.rank0.count), ke.Mine.Count)
 				assert.Equal(t, tc.rank0.dt, ke.Mine.DType)
 				assert.Equal(t, uint64(tc.rest.count), ke.Theirs.Count)
@@ -214,10 +208,23 @@ func TestCallMismatch(t *testing.T) {
 					require.Error(t, err, "rank %d took part in a mismatched call and must not look healthy", r)
 					assert.ErrorIs(t, rb.comm.AllReduce(rb.stream, rb.out, rb.in, 8, dtype.BFloat16), collective.ErrUnusable, "rank %d", r)
 				}
-				t.Logf("rank 0: %v", err)
+				t.Logf("rank 0: %v", ke)
 			})
 		}
 	}
+}
+
+// rank0Mismatch returns rank 0's error after a call in which it differed from every peer, so
+// that it saw the mismatch itself: ErrCallMismatch, as a *KernelError naming rank 0 and a peer.
+func rank0Mismatch(t *testing.T, g *group, start time.Time) *collective.KernelError {
+	t.Helper()
+	err := g.ranks[0].comm.Err()
+	require.ErrorIs(t, err, collective.ErrCallMismatch, "rank 0 (after %v)", time.Since(start))
+	var ke *collective.KernelError
+	require.ErrorAs(t, err, &ke)
+	assert.Equal(t, 0, ke.Rank)
+	assert.NotEqual(t, 0, ke.Peer)
+	return ke
 }
 
 // TestStagingMismatch: with registered inputs, a rank whose call is in place reads its peers'
