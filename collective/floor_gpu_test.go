@@ -294,7 +294,8 @@ func BenchmarkAllReduceForkJoin(b *testing.B) {
 
 // BenchmarkAllReduceGrid measures the points of the performance target (2, 4 and 8 ranks;
 // 16 KiB, 256 KiB, 1 MiB, 8 MiB) in the fork/join harness for each algorithm that may serve
-// them, with the default grid and with Options.Blocks = ptx.MaxBlocks (capped by occupancy like
+// them (the two-shot direct, its outputs registered, and through tmp), with the default grid
+// and with Options.Blocks = ptx.MaxBlocks (capped by occupancy like
 // any grid when ranks share a GPU), at GPU scope (the default with
 // every rank on one GPU) and at system scope (Options.SystemScope: the barriers of ranks on
 // different GPUs). Compare it with BenchmarkGraphForkJoinFloor/fork-rank0 of the same run.
@@ -305,7 +306,8 @@ func BenchmarkAllReduceGrid(b *testing.B) {
 		algo           collective.Algorithm
 		registerOutput bool
 	}
-	variants := []variant{{"oneshot", collective.OneShot, false}, {"twoshot-direct", collective.TwoShot, true}, {"push", collective.Push, false}}
+	variants := []variant{{"oneshot", collective.OneShot, false}, {"twoshot-direct", collective.TwoShot, true},
+		{"twoshot-tmp", collective.TwoShot, false}, {"push", collective.Push, false}}
 	for _, ws := range []int{2, 4, 8} {
 		for _, nbytes := range []int{16 << 10, 256 << 10, 1 << 20, 8 << 20} {
 			for _, v := range variants {
