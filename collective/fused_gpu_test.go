@@ -316,6 +316,47 @@ func TestAllReduceResidualRMSNormRegisteredAndGraph(t *testing.T) {
 	}
 }
 
+// TestAllReduceResidualRMSNormSystemScope runs the fused kernels with the system-scope
+// barriers that ranks on several GPUs use (virtual ranks get the GPU-scope ones by default):
+// 2, 4 and 8 ranks, OneShot and TwoShot, through tmp and with registered outputs (the direct
+// two-shot, whose delivered barrier releases its writes at system scope), bf16, rows from one
+// to a two-shot band spread over blocks to bands of several rows; bitwise on every rank.
+func TestAllReduceResidualRMSNormSystemScope(t *testing.T) {
+	requireGPU(t)
+	rng := rand.New(rand.NewPCG(25, 26))
+	const maxBytes, hidden = 4 << 20, 4096
+	for _, ws := range []int{2, 4, 8} {
+		t.Run(fmt.Sprintf("ws%d", ws), func(t *testing.T) {
+			g := newFusedGroup(t, ws, collective.Options{Timeout: 5 * time.Second, SystemScope: true}, maxBytes)
+			for _, outputs := range []bool{false, true} {
+				if outputs {
+					g.parallel(func(rb *rankBufs) error {
+						b := g.bufs[rb.comm.Rank()]
+						if _, err := rb.comm.Register(context.Background(), b.residual, maxBytes); err != nil {
+							return err
+						}
+						_, err := rb.comm.Register(context.Background(), b.normOut, maxBytes)
+						return err
+					})
+				}
+				for _, rows := range []int{1, 7, 128, 257} {
+					fc := newFusedCase(rng, dtype.BFloat16, ws, rows, hidden)
+					for _, algo := range []collective.Algorithm{collective.OneShot, collective.TwoShot} {
+						what := fmt.Sprintf("%v rows %d registered outputs %v", algo, rows, outputs)
+						wantR, wantN := fc.want(t, algo, false)
+						for range 3 {
+							g.upload(fc)
+							require.True(t, g.call(fc, algo, true, false), what)
+							g.syncAll(30 * time.Second)
+							g.checkFused(fc, wantR, wantN, true, what)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
 // TestAllReduceResidualRMSNormRefusals: aliasing and shapes the call refuses, with real
 // device memory, leave the communicator usable; ranks that split the same elements into
 // other rows are caught by the kernels' call check.
