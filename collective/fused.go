@@ -110,12 +110,13 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 		return err
 	}
 	// Direct: both outputs are visible to the peers (registered, or under Capture).
-	residReg, direct := c.sharedOutput(a.ResidualOut, uint64(nbytes))
+	residReg, residShared := c.sharedOutput(a.ResidualOut, uint64(nbytes))
+	direct := residShared
 	var normReg *Registration
 	if direct && !a.NoNorm {
 		normReg, direct = c.sharedOutput(a.NormOut, uint64(nbytes))
 	}
-	if algo, err = c.routeFused(algo, a, nbytes, direct); err != nil {
+	if algo, err = c.routeFused(algo, a, nbytes, direct, residShared); err != nil {
 		return err
 	}
 	switch algo {
@@ -123,6 +124,9 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 		return c.ncclFused(stream, a, nbytes)
 	}
 	kernel, _ := algo.kernel()
+	if kernel == ptx.OneShot && residShared && c.fusedColumns(a.Rows) {
+		kernel = ptx.Columns
+	}
 	fn, occ, err := c.kernels.fusedKernel(c.scope, kernel, a.DType, fusedRowCache(kernel, c.size, a.Rows, c.blocks))
 	if err != nil {
 		// The peers may have launched this call: this rank is out of step with them from
@@ -131,11 +135,22 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 		// may refuse to load a module, hence the advice.
 		return c.fail(fmt.Errorf("collective: rank %d: %w (the fused kernels load on their first call: make one outside a global-mode stream capture)", c.rank, err))
 	}
-	inputs, err := c.pullInput(stream, algo, a.ResidualOut, a.In, uint64(nbytes))
+	// Columns reads and writes each element in one thread, as the direct TwoShot does: the
+	// peers read the inputs in place
+	inputAlgo := algo
+	if kernel == ptx.Columns {
+		inputAlgo = TwoShot
+	}
+	inputs, err := c.pullInput(stream, inputAlgo, a.ResidualOut, a.In, uint64(nbytes))
 	if err != nil {
 		return err
 	}
 	var residOuts, normOuts driver.DevicePtr
+	if kernel == ptx.Columns {
+		if residOuts, err = c.pullOutput(a.ResidualOut, uint64(nbytes), residReg); err != nil {
+			return err
+		}
+	}
 	if algo == TwoShot && direct {
 		if residOuts, err = c.pullOutput(a.ResidualOut, uint64(nbytes), residReg); err != nil {
 			return err
@@ -148,6 +163,9 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 	}
 	hvec := a.Hidden * a.DType.Size() / ptx.VectorBytes
 	blocks, threads := fusedShape(algo, a.Rows, hvec, c.size, c.fusedLimit(occ))
+	if kernel == ptx.Columns {
+		blocks = max(1, min(c.fusedLimit(occ), a.Rows)) // stage 2: a block per row
+	}
 	ws8 := 8 * c.size
 	p := fusedParams{inputs: inputs, residOuts: residOuts, normOuts: normOuts, a: &a, hvec: hvec,
 		rank: c.rank, errRec: c.errRec.DevicePtr(), timeout: c.timeout, sig: c.sig[:ws8], buf: c.tmp[:ws8],
@@ -186,8 +204,8 @@ func (c *Comm) LoadFused(dt DType) error {
 	for _, k := range []struct {
 		algo     ptx.Algorithm
 		rowCache bool
-	}{{ptx.OneShot, false}, {ptx.OneShot, true}, {ptx.TwoShot, false}} {
-		if k.rowCache && c.size > ptx.MaxRowCacheRanks {
+	}{{ptx.OneShot, false}, {ptx.OneShot, true}, {ptx.Columns, false}, {ptx.TwoShot, false}} {
+		if k.rowCache && c.size > ptx.MaxRowCacheRanks || k.algo == ptx.Columns && !c.fusedColumns(1) {
 			continue
 		}
 		if _, _, err := c.kernels.fusedKernel(c.scope, k.algo, dt, k.rowCache); err != nil {
@@ -328,6 +346,42 @@ func fusedRowCache(kernel ptx.Algorithm, worldSize, rows, blocks int) bool {
 	return kernel == ptx.OneShot && worldSize <= ptx.MaxRowCacheRanks && rows <= min(fusedRowCacheRows, blocks)
 }
 
+// fusedColumns reports whether a fused OneShot call of rows rows whose ResidualOut every rank
+// shares takes the Columns kernel (ptx.Columns): the one-shot's bits, each rank reducing its
+// band of the columns of every row, then norming its own rows. Only with GPU-scope barriers:
+// its middle barrier releases the block's writes, which at system scope costs 1.5 to 3 us
+// more at 4 and 8 ranks on one GPU (docs/kernel-abi.md, "Scope"), and it was measured at GPU
+// scope alone. Every rank computes the same answer from the same call.
+func (c *Comm) fusedColumns(rows int) bool {
+	return c.scope == ptx.ScopeGPU && rows <= fusedColumnsMaxRows(c.size)
+}
+
+// fusedColumnsMaxRows is the most rows of a fused call that the Columns kernel takes at
+// worldSize ranks (0: none): from 8 ranks, up to 384/worldSize rows (48 at 8 ranks, 24 at
+// 16). Measured on an H200, virtual ranks, hidden 8192 bf16, one graph per rank (arsmoke
+// --fused -g, ResidualOut shared; docs/benchmarks.md, "Columns"), us: at 8 ranks Columns
+// against the row cache's one-shot 5.93-6.31 against 5.72-6.34 at 1 row, 5.90-6.23 against
+// 6.29-7.01 at 8, 7.60-7.88 against 10.24-10.30 at 24; against the direct TwoShot 8.72-8.74
+// against 10.02-10.29 at 32 rows, 10.47-10.50 against 11.79-11.82 at 48, 12.41-12.49 against
+// 12.18-12.35 at 64 (TwoShot from there); at 16 ranks 8.62-9.10 against 9.75-10.63 at 1 row,
+// 13.03-13.29 against 14.61-14.98 (TwoShot) at 24, 15.27-15.38 against 15.52-15.89 at 32,
+// 20.16-20.30 against 19.30-19.62 at 48. Below 8 ranks the one-shot's loads are few enough
+// that Columns' middle barrier and second read of the row cost more: 4.23-4.30 against
+// 3.05-3.14 at 2 ranks and 1 row, 4.69-4.88 against 4.06-4.20 at 4 ranks.
+func fusedColumnsMaxRows(worldSize int) int {
+	if worldSize < fusedColumnsMinRanks {
+		return 0
+	}
+	return fusedColumnsRankRows / worldSize
+}
+
+// fusedColumnsMinRanks and fusedColumnsRankRows bound the Columns kernel's calls: see
+// fusedColumnsMaxRows.
+const (
+	fusedColumnsMinRanks = 8
+	fusedColumnsRankRows = 384
+)
+
 // fusedLimit is the largest grid of a fused kernel that fits occ blocks per SM. The ranks
 // sharing a GPU sized their grids (c.blocks) for the plain kernels' c.blocksPerSM, so that
 // every block of every rank is resident at once and PDL's early launches leave room
@@ -426,7 +480,7 @@ func selectFused(major, worldSize, rows int, nbytes int64, direct, gpuScope bool
 // direct says that both outputs are shared (TwoShot then needs no tmp). Auto is
 // Options.Algorithm where set (Push selects as Auto: the fused call has none), else NCCL where
 // only NCCL can serve the call, else the selection table.
-func (c *Comm) routeFused(algo Algorithm, a FusedArgs, nbytes int64, direct bool) (Algorithm, error) {
+func (c *Comm) routeFused(algo Algorithm, a FusedArgs, nbytes int64, direct, residShared bool) (Algorithm, error) {
 	if algo == Auto {
 		algo = c.opts.Algorithm
 		if algo == Push {
@@ -446,7 +500,8 @@ func (c *Comm) routeFused(algo Algorithm, a FusedArgs, nbytes int64, direct bool
 			return 0, err
 		}
 		algo = selectFused(c.major, c.size, a.Rows, nbytes, direct, c.scope == ptx.ScopeGPU)
-		if algo == TwoShot && !tmpFits() {
+		if algo == TwoShot && !tmpFits() || residShared && c.fusedColumns(a.Rows) {
+			// (OneShot's Columns kernel beats TwoShot where it serves: see fusedColumnsMaxRows)
 			algo = OneShot
 		}
 		return algo, nil

@@ -83,7 +83,7 @@ func TestRouteFused(t *testing.T) {
 	}
 	route := func(c *Comm, algo Algorithm, n int, direct bool) (Algorithm, error) {
 		a, nbytes := rows(n)
-		return c.routeFused(algo, a, nbytes, direct)
+		return c.routeFused(algo, a, nbytes, direct, direct)
 	}
 	c := newComm(Auto, 8, 1<<20)
 	for _, tc := range []struct {
@@ -112,6 +112,28 @@ func TestRouteFused(t *testing.T) {
 		require.NoError(t, err, tc.what)
 		assert.Equal(t, tc.want, got, tc.what)
 	}
+	// GPU scope, from 8 ranks: OneShot's Columns kernel takes calls of up to 384/ws rows whose
+	// ResidualOut is shared, where TwoShot would otherwise serve them
+	gpu := newComm(Auto, 8, 2<<20)
+	gpu.scope = ptx.ScopeGPU
+	for _, tc := range []struct {
+		rows                int
+		direct, residShared bool
+		want                Algorithm
+	}{
+		{24, true, true, OneShot}, {48, true, true, OneShot}, {49, true, true, TwoShot},
+		{24, false, true, OneShot}, {48, false, true, OneShot}, {64, false, true, OneShot}, // TwoShot through tmp from 72
+		{24, false, false, OneShot}, {72, false, false, TwoShot},
+	} {
+		a, nbytes := rows(tc.rows)
+		got, err := gpu.routeFused(Auto, a, nbytes, tc.direct, tc.residShared)
+		require.NoError(t, err)
+		assert.Equal(t, tc.want, got, "%+v", tc)
+	}
+	got, err := gpu.routeFused(TwoShot, FusedArgs{Rows: 24, Hidden: 8192, DType: BFloat16}, 24*8192*2, true, true)
+	require.NoError(t, err)
+	assert.Equal(t, TwoShot, got, "a forced TwoShot stays TwoShot")
+
 	for _, forced := range []Algorithm{OneShot, TwoShot} {
 		got, err := route(c, forced, 8, false)
 		require.NoError(t, err)
@@ -120,7 +142,7 @@ func TestRouteFused(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, forced, got, "the call's choice wins over Options.Algorithm")
 	}
-	_, err := route(c, Push, 1, false)
+	_, err = route(c, Push, 1, false)
 	assert.ErrorIs(t, err, ErrInvalidArgument)
 	assert.ErrorContains(t, err, "no Push kernel")
 	_, err = route(c, NCCL, 64, false)
@@ -138,13 +160,13 @@ func TestRouteFused(t *testing.T) {
 	odd := FusedArgs{Rows: 9, Hidden: 16384, DType: Float32}
 	nbytes := int64(9 * 16384 * 4)
 	c2 := newComm(Auto, 8, nbytes+16)
-	got, err := c2.routeFused(Auto, odd, nbytes, false)
+	got, err = c2.routeFused(Auto, odd, nbytes, false, false)
 	require.NoError(t, err)
 	assert.Equal(t, OneShot, got)
-	_, err = c2.routeFused(TwoShot, odd, nbytes, false)
+	_, err = c2.routeFused(TwoShot, odd, nbytes, false, false)
 	assert.ErrorContains(t, err, "tmp buffer")
 	// writing straight into shared outputs needs no tmp
-	got, err = c2.routeFused(TwoShot, odd, nbytes, true)
+	got, err = c2.routeFused(TwoShot, odd, nbytes, true, true)
 	require.NoError(t, err)
 	assert.Equal(t, TwoShot, got)
 	noKernels := &Comm{opts: c.opts, size: 8, custom: false, noCustomWhy: "one rank", ncclWhy: "no libnccl"}
@@ -273,6 +295,21 @@ func TestFusedLimit(t *testing.T) {
 	assert.Equal(t, 1, tiny.fusedLimit(1))
 	own := &Comm{blocks: 64, blocksPerSM: 2, ranksOnGPU: 1}
 	assert.Equal(t, 64, own.fusedLimit(1))
+}
+
+// TestFusedColumns: the Columns kernel serves calls of up to 384/ws rows from 8 ranks, with
+// GPU-scope barriers only.
+func TestFusedColumns(t *testing.T) {
+	for ws, want := range map[int]int{2: 0, 4: 0, 7: 0, 8: 48, 12: 32, 16: 24} {
+		assert.Equal(t, want, fusedColumnsMaxRows(ws), "%d ranks", ws)
+	}
+	c := &Comm{size: 8, scope: ptx.ScopeGPU}
+	assert.True(t, c.fusedColumns(1))
+	assert.True(t, c.fusedColumns(48))
+	assert.False(t, c.fusedColumns(49))
+	c.scope = ptx.ScopeSystem
+	assert.False(t, c.fusedColumns(1), "not at system scope")
+	assert.False(t, (&Comm{size: 4, scope: ptx.ScopeGPU}).fusedColumns(1), "not below 8 ranks")
 }
 
 // TestFusedRowCache: the one-shot with the row cache serves calls of up to fusedRowCacheRows

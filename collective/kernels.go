@@ -60,9 +60,9 @@ type kernelSet struct {
 	// kernelCache.mu): fusedKernel loads each on its first use, so that communicators that
 	// never call AllReduceResidualRMSNorm pay no JIT for them.
 	// The last index is ptx.FusedSpec.RowCache (1: the one-shot with the row cache).
-	fused [ptx.ScopeGPU + 1][ptx.Push + 1][dtype.BFloat16 + 1][2]*driver.Function
+	fused [ptx.ScopeGPU + 1][ptx.Columns + 1][dtype.BFloat16 + 1][2]*driver.Function
 	// fusedOcc is each loaded fused kernel's occupancy at ThreadsPerBlock (blocks per SM).
-	fusedOcc [ptx.ScopeGPU + 1][ptx.Push + 1][dtype.BFloat16 + 1][2]int
+	fusedOcc [ptx.ScopeGPU + 1][ptx.Columns + 1][dtype.BFloat16 + 1][2]int
 	// norm holds the single-rank residual add + RMSNorm kernels loaded so far (guarded by
 	// kernelCache.mu), one per element type: normKernel loads each on its first use.
 	norm [dtype.BFloat16 + 1]*driver.Function

@@ -125,5 +125,5 @@ func (c *Comm) FusedSelected(rows, hidden int, dt DType, sharedOutputs bool) (Al
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	a := FusedArgs{Rows: rows, Hidden: hidden, DType: dt}
-	return c.routeFused(Auto, a, int64(rows)*int64(hidden)*int64(dt.Size()), sharedOutputs)
+	return c.routeFused(Auto, a, int64(rows)*int64(hidden)*int64(dt.Size()), sharedOutputs, sharedOutputs)
 }

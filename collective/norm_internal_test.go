@@ -91,7 +91,7 @@ func TestFusedSelected(t *testing.T) {
 		got, err := c.FusedSelected(tc.rows, 8192, BFloat16, tc.shared)
 		require.NoError(t, err)
 		assert.Equal(t, tc.want, got, "%d rows, shared %v", tc.rows, tc.shared)
-		want, err := c.routeFused(Auto, FusedArgs{Rows: tc.rows, Hidden: 8192, DType: BFloat16}, int64(tc.rows)*8192*2, tc.shared)
+		want, err := c.routeFused(Auto, FusedArgs{Rows: tc.rows, Hidden: 8192, DType: BFloat16}, int64(tc.rows)*8192*2, tc.shared, tc.shared)
 		require.NoError(t, err)
 		assert.Equal(t, want, got, "the call's own routing")
 	}

@@ -27,7 +27,7 @@ const (
 var Algorithms = []Algorithm{OneShot, TwoShot, Push}
 
 // String returns the name used in kernel names, flags and tables: "oneshot",
-// "twoshot" or "push".
+// "twoshot" or "push" ("columns" for the fused kernels' Columns).
 func (a Algorithm) String() string {
 	switch a {
 	case OneShot:
@@ -36,6 +36,8 @@ func (a Algorithm) String() string {
 		return "twoshot"
 	case Push:
 		return "push"
+	case Columns:
+		return "columns"
 	}
 	return fmt.Sprintf("algorithm(%d)", int(a))
 }

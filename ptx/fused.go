@@ -171,6 +171,15 @@ func FusedInvBytes(band int) int64 {
 	return 4 * int64(max(band, MaxBlocks))
 }
 
+// Columns is an algorithm of the fused kernels alone (FusedSpec; there is no plain kernel of
+// it): the one-shot's sums, each rank reducing its band of the columns of every row and
+// storing it into every rank's ResidualOut, a release/acquire barrier, then every rank norming
+// its own rows (templates/fused.ptx.tmpl, "fused_columns"). Its results are the one-shot's,
+// bit for bit; each rank loads 1/ws of a row's inputs instead of all of them, which pays where
+// a call has too few rows to spread the one-shot's loads over the GPU. Its ResidualOut must be
+// shared (the registration table p_resid_outs).
+const Columns Algorithm = Push + 1
+
 // FusedSpec names a fused all-reduce + residual add + RMSNorm kernel: OneShot (every rank
 // reduces and norms every row), TwoShot (each rank its band of rows, then an all-gather of
 // the finished rows) or Push (every rank sends its rows into every rank's push receive
@@ -199,13 +208,17 @@ type FusedSpec struct {
 const MaxRowCacheRanks = 8
 
 func (s FusedSpec) plain() Spec {
-	return Spec{Algo: s.Algo, DType: s.DType, WorldSize: s.WorldSize, Target: s.Target, Scope: s.Scope}
+	algo := s.Algo
+	if algo == Columns {
+		algo = OneShot // the one-shot's sums, in rank order
+	}
+	return Spec{Algo: algo, DType: s.DType, WorldSize: s.WorldSize, Target: s.Target, Scope: s.Scope}
 }
 
 // Validate reports whether the spec names a fused kernel that exists.
 func (s FusedSpec) Validate() error {
-	if s.Algo != OneShot && s.Algo != TwoShot && s.Algo != Push {
-		return fmt.Errorf("fused kernel spec: unknown algorithm %d: the fused kernels exist for ptx.OneShot, ptx.TwoShot and ptx.Push", int(s.Algo))
+	if s.Algo != OneShot && s.Algo != TwoShot && s.Algo != Push && s.Algo != Columns {
+		return fmt.Errorf("fused kernel spec: unknown algorithm %d: the fused kernels exist for ptx.OneShot, ptx.TwoShot, ptx.Push and ptx.Columns", int(s.Algo))
 	}
 	if err := s.plain().Validate(); err != nil {
 		return fmt.Errorf("fused %w", err)
@@ -245,7 +258,8 @@ func (s FusedSpec) Generate() ([]byte, error) {
 	}
 	k := newKernel(s.plain())
 	k.Entry = s.EntryName()
-	k.rowCache = s.RowCache
+	// Columns norms rows it reads back whole, with the one-shot's row cache
+	k.rowCache = s.RowCache || s.Algo == Columns
 	return execute("fused_"+s.Algo.String(), k)
 }
 

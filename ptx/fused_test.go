@@ -30,6 +30,9 @@ func allFusedSpecs() []FusedSpec {
 						if algo == OneShot && ws <= MaxRowCacheRanks {
 							specs = append(specs, FusedSpec{Algo: algo, DType: dt, WorldSize: ws, Target: target, Scope: scope, RowCache: true})
 						}
+						if algo == OneShot {
+							specs = append(specs, FusedSpec{Algo: Columns, DType: dt, WorldSize: ws, Target: target, Scope: scope})
+						}
 					}
 				}
 			}
@@ -47,7 +50,7 @@ func TestFusedEntrySignature(t *testing.T) {
 			cached++
 		}
 	}
-	want := (5*len(testWorldSizes) + 2*cached) * 3 * 2
+	want := (7*len(testWorldSizes) + 2*cached) * 3 * 2 // Columns in both scopes too
 	require.Len(t, specs, want)
 	names := map[string]bool{}
 	for _, s := range specs {
@@ -144,7 +147,7 @@ func TestFusedArithmetic(t *testing.T) {
 		// (rowsync); one-shot: one block per row
 		sums := 2
 		switch s.Algo {
-		case OneShot:
+		case OneShot, Columns:
 			sums = 1
 		case TwoShot:
 			sums = 4 // through tmp and direct
@@ -170,10 +173,16 @@ func TestFusedBarriers(t *testing.T) {
 		name := s.EntryName() + "_" + s.Target.String()
 		src := string(mustGenerate(t, s.Generate))
 		assert.Contains(t, src, "==== entry barrier", name)
-		if s.Algo == OneShot {
+		switch s.Algo {
+		case OneShot:
 			assert.Contains(t, src, "==== exit barrier", name)
 			assert.NotContains(t, src, "==== middle barrier", name)
-		} else {
+		case Columns:
+			// stage 1's columns are published by the middle barrier; no exit barrier
+			assert.Equal(t, 1, strings.Count(src, "==== middle barrier"), name)
+			assert.NotContains(t, src, "==== exit barrier", name)
+			assert.NotContains(t, src, "==== delivered barrier", name)
+		default:
 			assert.Contains(t, src, "==== middle barrier", name)
 			assert.Contains(t, src, "==== delivered barrier", name)
 		}
@@ -211,7 +220,11 @@ func TestFusedCall(t *testing.T) {
 	assert.Equal(t, 512, FusedThreads(4096))
 
 	assert.NoError(t, FusedSpec{Push, dtype.BFloat16, 4, SM90, ScopeSystem, false}.Validate())
-	assert.ErrorContains(t, FusedSpec{Algorithm(7), dtype.BFloat16, 4, SM90, ScopeSystem, false}.Validate(), "ptx.OneShot, ptx.TwoShot and ptx.Push")
+	assert.ErrorContains(t, FusedSpec{Algorithm(7), dtype.BFloat16, 4, SM90, ScopeSystem, false}.Validate(), "ptx.OneShot, ptx.TwoShot, ptx.Push and ptx.Columns")
+	assert.Equal(t, "goccl_fused_columns_bf16_w8_gpu", FusedSpec{Columns, dtype.BFloat16, 8, SM90, ScopeGPU, false}.EntryName())
+	cols := FusedCall(Columns, dtype.BFloat16, 7, 8192, false)
+	assert.NotEqual(t, FusedCall(OneShot, dtype.BFloat16, 7, 8192, false).Fingerprint(), cols.Fingerprint(), "ranks must agree on the kernel")
+	assert.Equal(t, "all-reduce+rmsnorm of 7 rows of 8192 bf16 elements (columns)", DecodeCall(cols.Fingerprint()).String())
 	assert.ErrorContains(t, FusedSpec{OneShot, dtype.BFloat16, 17, SM90, ScopeSystem, false}.Validate(), "world size 17")
 	assert.Equal(t, "goccl_fused_push_bf16_w4", FusedSpec{Push, dtype.BFloat16, 4, SM90, ScopeSystem, false}.EntryName())
 	assert.Equal(t, "all-reduce+rmsnorm of 1 rows of 8192 bf16 elements (push)", FusedCall(Push, dtype.BFloat16, 1, 8192, false).String())
@@ -331,7 +344,7 @@ func TestFusedRowSync(t *testing.T) {
 		text := code(mustGenerate(t, s.Generate))
 		loops, passes := 1, 2 // push: one row loop, two passes
 		switch s.Algo {
-		case OneShot:
+		case OneShot, Columns:
 			// one block per row: no spread rows
 			assert.False(t, has(text, "mov.u32 %vi, %vt;"), name)
 			assert.False(t, has(text, sync), name)
@@ -455,7 +468,11 @@ func TestRowCache(t *testing.T) {
 	}
 	for _, s := range allFusedSpecs() {
 		text := string(mustGenerate(t, s.Generate))
-		assert.Equal(t, s.RowCache && s.WorldSize >= 3 && s.WorldSize <= 4, strings.Contains(text, "\n.maxnreg 64\n"), s.EntryName())
+		assert.Equal(t, (s.RowCache || s.Algo == Columns) && s.WorldSize >= 3 && s.WorldSize <= 4, strings.Contains(text, "\n.maxnreg 64\n"), s.EntryName())
+		if s.Algo == Columns {
+			columnsCached(t, s.EntryName(), text)
+			continue
+		}
 		if s.RowCache {
 			assert.Contains(t, s.EntryName(), "_oneshot_rc_", s.EntryName())
 			cached(s.EntryName(), text)
@@ -471,6 +488,29 @@ func TestRowCache(t *testing.T) {
 		_, err := bad.Generate()
 		assert.ErrorContains(t, err, "RowCache is for the one-shot", "%v of %d", bad.Algo, bad.WorldSize)
 	}
+}
+
+// columnsCached checks the Columns kernel's row cache: stage 2 reads each of a thread's first
+// two vectors of the row once, for its squares, keeps them for the norm pass (with gamma's,
+// loaded after the squares and before the block sum), and reads back only the vectors past
+// them.
+func columnsCached(t *testing.T, name, text string) {
+	t.Helper()
+	squared := strings.Index(text, "SQUARED:")
+	require.Positive(t, squared, name)
+	for u := range 2 {
+		gamma := fmt.Sprintf("@%%gin ld.global.v4.b32 {%%gc%d, %%gc%d, %%gc%d, %%gc%d}, [%%a];", 4*u, 4*u+1, 4*u+2, 4*u+3)
+		assert.Equal(t, 1, strings.Count(text, gamma), name)
+		assert.Less(t, squared, strings.Index(text, gamma), name)
+		assert.Less(t, strings.Index(text, gamma), strings.Index(text, "==== the row's sum of squares"), name)
+		for w := range 4 {
+			assert.Equal(t, 1, strings.Count(text, fmt.Sprintf("mov.b32 %%rc%d, ", 4*u+w)), name)
+			assert.Equal(t, 1, strings.Count(text, fmt.Sprintf("mov.b32 %%o%d, %%rc%d;", w, 4*u+w)), name)
+		}
+	}
+	// the squares read the row three times (two cached vectors, then the loop), the norm pass once
+	// (past the cache)
+	assert.Equal(t, 4, strings.Count(text, "add.u64 %a, %rout, %a;\n\tld.global.v4.b32 {"), name)
 }
 
 // TestSplitExitBarrier: the fused one-shot's row-cache build splits its exit barrier. The block
