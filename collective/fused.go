@@ -360,11 +360,11 @@ func (c *Comm) fusedColumns(rows int) bool {
 // worldSize ranks (0: none): from 8 ranks, up to 384/worldSize rows (48 at 8 ranks, 24 at
 // 16). Measured on an H200, virtual ranks, hidden 8192 bf16, one graph per rank (arsmoke
 // --fused -g, ResidualOut shared; docs/benchmarks.md, "Columns"), us: at 8 ranks Columns
-// against the row cache's one-shot 5.93-6.31 against 5.72-6.34 at 1 row, 5.90-6.23 against
-// 6.29-7.01 at 8, 7.60-7.88 against 10.24-10.30 at 24; against the direct TwoShot 8.72-8.74
+// against the row cache's one-shot 5.93-6.31 against 5.78-6.34 at 1 row, 5.90-6.23 against
+// 6.51-6.62 at 8, 7.60-7.88 against 10.24-10.30 at 24; against the direct TwoShot 8.72-8.74
 // against 10.02-10.29 at 32 rows, 10.47-10.50 against 11.79-11.82 at 48, 12.41-12.49 against
 // 12.18-12.35 at 64 (TwoShot from there); at 16 ranks 8.62-9.10 against 9.75-10.63 at 1 row,
-// 13.03-13.29 against 14.61-14.98 (TwoShot) at 24, 15.27-15.38 against 15.52-15.89 at 32,
+// 13.23-13.29 against 14.61-14.98 (TwoShot) at 24, 15.27-15.38 against 15.52-15.89 at 32,
 // 20.16-20.30 against 19.30-19.62 at 48. Below 8 ranks the one-shot's loads are few enough
 // that Columns' middle barrier and second read of the row cost more: 4.23-4.30 against
 // 3.05-3.14 at 2 ranks and 1 row, 4.69-4.88 against 4.06-4.20 at 4 ranks.
