@@ -52,7 +52,8 @@ type FusedArgs struct {
 // rounded values (internal/ref.Fused says exactly where every value is rounded, and
 // reproduces the results bit for bit). When every rank passes the same Residual and Gamma
 // values (replicated, as tensor parallelism has them), both outputs are bitwise identical on
-// every rank.
+// every rank. (They must be: the Columns kernel below adds, in each rank's band of columns,
+// that rank's Residual for every rank.)
 //
 // Every rank must make the same call (same Rows, Hidden, DType, NoNorm) in the same order as
 // its other collective calls; a kernel that sees a peer make another (a plain AllReduce
@@ -61,7 +62,12 @@ type FusedArgs struct {
 // ErrInvalidArgument.
 //
 // Algorithms, chosen per call by size and world size (FusedSelected answers which):
-//   - OneShot: every rank reduces every row (rank order) and norms it.
+//   - OneShot: every rank reduces every row (rank order) and norms it. From 8 ranks, where
+//     ResidualOut is visible to the peers (registered, or under Capture) and the communicator
+//     has GPU-scope barriers (every rank on one GPU), calls of up to 384/ranks rows take
+//     OneShot's Columns kernel instead, also where TwoShot would otherwise serve them: each
+//     rank reduces its band of the columns of every row into every rank's ResidualOut, then
+//     norms its own rows. Same bits as OneShot, 1/ranks of the loads a row.
 //   - TwoShot, for more rows: each rank reduces and norms its band of rows, then every rank
 //     gathers the finished rows; when ResidualOut and NormOut are both visible to the peers
 //     (registered with Register, or under Capture), each rank writes its finished rows
