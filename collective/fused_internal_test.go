@@ -354,4 +354,16 @@ func TestLoadFused(t *testing.T) {
 
 	assert.ErrorIs(t, c.LoadFused(0), ErrInvalidArgument)
 	assert.ErrorIs(t, (&Comm{closed: true}).LoadFused(BFloat16), ErrClosed)
+
+	// From 8 ranks at GPU scope the Columns kernel loads too; at system scope it does not.
+	for _, scope := range []ptx.Scope{ptx.ScopeGPU, ptx.ScopeSystem} {
+		key8 := kernelKey{dev: 917, worldSize: 8, target: ptx.SM90, scope: scope}
+		ks8, _, err := acquireFrom(mc, key8)
+		require.NoError(t, err)
+		c8 := &Comm{kernels: ks8, scope: scope, size: 8}
+		require.NoError(t, c8.LoadFused(BFloat16))
+		name := (ptx.FusedSpec{Algo: ptx.Columns, DType: BFloat16, WorldSize: 8, Target: ptx.SM90, Scope: scope}).EntryName()
+		assert.Equal(t, map[ptx.Scope]int{ptx.ScopeGPU: 1, ptx.ScopeSystem: 0}[scope], f.count(name), name)
+		require.NoError(t, ks8.release())
+	}
 }
