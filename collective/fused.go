@@ -130,7 +130,7 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 		return c.ncclFused(stream, a, nbytes)
 	}
 	kernel, _ := algo.kernel()
-	if kernel == ptx.OneShot && residShared && c.fusedColumns(a.Rows) {
+	if kernel == ptx.OneShot && c.columnsServe(a, residShared) {
 		kernel = ptx.Columns
 	}
 	fn, occ, err := c.kernels.fusedKernel(c.scope, kernel, a.DType, fusedRowCache(kernel, c.size, a.Rows, c.blocks))
@@ -152,7 +152,7 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 		return err
 	}
 	var residOuts, normOuts driver.DevicePtr
-	if kernel == ptx.Columns {
+	if kernel == ptx.Columns && residShared {
 		if residOuts, err = c.pullOutput(a.ResidualOut, uint64(nbytes), residReg); err != nil {
 			return err
 		}
@@ -175,7 +175,7 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 	ws8 := 8 * c.size
 	p := fusedParams{inputs: inputs, residOuts: residOuts, normOuts: normOuts, a: &a, hvec: hvec,
 		rank: c.rank, errRec: c.errRec.DevicePtr(), timeout: c.timeout, sig: c.sig[:ws8], buf: c.tmp[:ws8],
-		flags: c.fusedFlags(blocks, a.NoNorm), call: ptx.FusedCall(kernel, a.DType, a.Rows, a.Hidden, a.NoNorm).Fingerprint()}
+		flags: c.fusedFlags(blocks, a.NoNorm), call: c.fusedCall(kernel, a, residOuts != 0)}
 	p.pack(&c.args)
 	return c.launch(stream, fn, blocks, threads, &c.args)
 }
@@ -362,6 +362,39 @@ func (c *Comm) fusedColumns(rows int) bool {
 	return c.scope == ptx.ScopeGPU && rows <= fusedColumnsMaxRows(c.size)
 }
 
+// columnsServe reports whether the Columns kernel takes a fused OneShot call (fusedColumns):
+// into every rank's ResidualOut where it is shared; else through the tmp buffers, from
+// fusedColumnsTmpRowsPerRank rows a rank and where its bands fit them (ptx.ColumnsTmpBytes).
+// Through tmp each rank gathers every vector of its rows from the vector's owner and stores
+// it, which costs more than reading back its own ResidualOut: on an H200 (8 virtual ranks,
+// hidden 8192 bf16, BenchmarkAllReduceResidualRMSNorm, outputs not shared, two passes) the
+// Columns kernel through tmp took 8.33-8.39 us against the one-shot's 7.56-7.60 at 1 row,
+// 8.71 against 8.03-8.07 at 8, 9.13-9.19 against 8.83-8.85 at 16, and 11.25-11.27 against
+// 12.26-12.28 at 32.
+func (c *Comm) columnsServe(a FusedArgs, residShared bool) bool {
+	if !c.fusedColumns(a.Rows) {
+		return false
+	}
+	if residShared {
+		return true
+	}
+	hvec := a.Hidden * a.DType.Size() / ptx.VectorBytes
+	return a.Rows >= fusedColumnsTmpRowsPerRank*c.size && ptx.ColumnsTmpBytes(c.size, a.Rows, hvec) <= int64(c.layout.recv-c.layout.tmp)
+}
+
+// fusedColumnsTmpRowsPerRank is the fewest rows a rank of a Columns call through tmp: see
+// columnsServe.
+const fusedColumnsTmpRowsPerRank = 4
+
+// fusedCall is the call fingerprint of a fused launch of kernel; a Columns launch through the
+// tmp buffers (not direct) is marked Staged, so that ranks that disagree on the route are a
+// mismatch rather than wrong rows.
+func (c *Comm) fusedCall(kernel ptx.Algorithm, a FusedArgs, direct bool) uint64 {
+	call := ptx.FusedCall(kernel, a.DType, a.Rows, a.Hidden, a.NoNorm)
+	call.Staged = kernel == ptx.Columns && !direct
+	return call.Fingerprint()
+}
+
 // fusedColumnsMaxRows is the most rows of a fused call that the Columns kernel takes at
 // worldSize ranks (0: none): from 8 ranks, up to 384/worldSize rows (48 at 8 ranks, 24 at
 // 16). Measured on an H200, virtual ranks, hidden 8192 bf16, one graph per rank (arsmoke
@@ -506,7 +539,7 @@ func (c *Comm) routeFused(algo Algorithm, a FusedArgs, nbytes int64, direct, res
 			return 0, err
 		}
 		algo = selectFused(c.major, c.size, a.Rows, nbytes, direct, c.scope == ptx.ScopeGPU)
-		if algo == TwoShot && !tmpFits() || residShared && c.fusedColumns(a.Rows) {
+		if algo == TwoShot && !tmpFits() || c.columnsServe(a, residShared) {
 			// (OneShot's Columns kernel beats TwoShot where it serves: see fusedColumnsMaxRows)
 			algo = OneShot
 		}

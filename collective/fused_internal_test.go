@@ -130,6 +130,21 @@ func TestRouteFused(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, tc.want, got, "%+v", tc)
 	}
+	// which kernel OneShot launches: Columns direct up to 48 rows, through tmp from 32 to 48
+	for _, tc := range []struct {
+		rows        int
+		residShared bool
+		want        bool
+	}{
+		{1, true, true}, {48, true, true}, {49, true, false},
+		{1, false, false}, {31, false, false}, {32, false, true}, {48, false, true}, {49, false, false},
+	} {
+		assert.Equal(t, tc.want, gpu.columnsServe(FusedArgs{Rows: tc.rows, Hidden: 8192, DType: BFloat16}, tc.residShared), "%+v", tc)
+	}
+	small := newComm(Auto, 8, 256<<10) // a tmp buffer of about 32 KiB: 32 rows of bands do not fit
+	small.scope = ptx.ScopeGPU
+	assert.False(t, small.columnsServe(FusedArgs{Rows: 32, Hidden: 8192, DType: BFloat16}, false))
+	assert.True(t, small.columnsServe(FusedArgs{Rows: 32, Hidden: 8192, DType: BFloat16}, true))
 	got, err := gpu.routeFused(TwoShot, FusedArgs{Rows: 24, Hidden: 8192, DType: BFloat16}, 24*8192*2, true, true)
 	require.NoError(t, err)
 	assert.Equal(t, TwoShot, got, "a forced TwoShot stays TwoShot")

@@ -254,7 +254,9 @@ type Call struct {
 	// Staged says that the rank's input is read through the staging buffer (table slot 0),
 	// not in place from a registered buffer. Ranks must agree: a rank reading its peers'
 	// staging buffers while a peer reads its registered input in place (registered src in
-	// place on one rank, out of place on another) would read stale or changing data.
+	// place on one rank, out of place on another) would read stale or changing data. For the
+	// fused Columns kernel it says that the call goes through the tmp buffers instead of
+	// into every rank's ResidualOut, on which the ranks must agree as well.
 	Staged bool
 }
 
@@ -288,6 +290,9 @@ func (c Call) String() string {
 	}
 	if c.Op == OpAllReduceRMSNorm || c.Op == OpAllReduceResidual {
 		rows, hidden := FusedShape(c.Count)
+		if c.Staged {
+			return fmt.Sprintf("%v of %d rows of %d %v elements (%v, through tmp)", c.Op, rows, hidden, c.DType, c.Algo)
+		}
 		return fmt.Sprintf("%v of %d rows of %d %v elements (%v)", c.Op, rows, hidden, c.DType, c.Algo)
 	}
 	unit := "elements"

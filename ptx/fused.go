@@ -180,6 +180,13 @@ func FusedInvBytes(band int) int64 {
 // shared (the registration table p_resid_outs).
 const Columns Algorithm = Push + 1
 
+// ColumnsTmpBytes is the tmp buffer the Columns kernel takes on each rank through tmp (its
+// ResidualOut not shared) for rows rows of rowVectors 16-byte vectors at worldSize ranks: a
+// slot of ceil(rowVectors/worldSize) vectors a row, the most columns a rank owns.
+func ColumnsTmpBytes(worldSize, rows, rowVectors int) int64 {
+	return int64(rows) * int64((rowVectors+worldSize-1)/worldSize) * VectorBytes
+}
+
 // FusedSpec names a fused all-reduce + residual add + RMSNorm kernel: OneShot (every rank
 // reduces and norms every row), TwoShot (each rank its band of rows, then an all-gather of
 // the finished rows) or Push (every rank sends its rows into every rank's push receive
