@@ -62,12 +62,13 @@ type FusedArgs struct {
 // ErrInvalidArgument.
 //
 // Algorithms, chosen per call by size and world size (FusedSelected answers which):
-//   - OneShot: every rank reduces every row (rank order) and norms it. From 8 ranks, where
-//     ResidualOut is visible to the peers (registered, or under Capture) and the communicator
-//     has GPU-scope barriers (every rank on one GPU), calls of up to 384/ranks rows take
-//     OneShot's Columns kernel instead, also where TwoShot would otherwise serve them: each
-//     rank reduces its band of the columns of every row into every rank's ResidualOut, then
-//     norms its own rows. Same bits as OneShot, 1/ranks of the loads a row.
+//   - OneShot: every rank reduces every row (rank order) and norms it. From 8 ranks, with
+//     GPU-scope barriers (every rank on one GPU), calls of up to 384/ranks rows take OneShot's
+//     Columns kernel instead, also where TwoShot would otherwise serve them: each rank reduces
+//     its band of the columns of every row into every rank's ResidualOut (where it is visible
+//     to the peers: registered, or under Capture; else, from 4 rows a rank, through the tmp
+//     buffers, from which each rank gathers its rows), then norms its own rows. Same bits as
+//     OneShot, 1/ranks of the loads a row.
 //   - TwoShot, for more rows: each rank reduces and norms its band of rows, then every rank
 //     gathers the finished rows; when ResidualOut and NormOut are both visible to the peers
 //     (registered with Register, or under Capture), each rank writes its finished rows
