@@ -353,12 +353,13 @@ func fusedRowCache(kernel ptx.Algorithm, worldSize, rows, blocks int) bool {
 	return kernel == ptx.OneShot && worldSize <= ptx.MaxRowCacheRanks && rows <= min(fusedRowCacheRows, blocks)
 }
 
-// fusedColumns reports whether a fused OneShot call of rows rows whose ResidualOut every rank
-// shares takes the Columns kernel (ptx.Columns): the one-shot's bits, each rank reducing its
-// band of the columns of every row, then norming its own rows. Only with GPU-scope barriers:
-// its middle barrier releases the block's writes, which at system scope costs 1.5 to 3 us
-// more at 4 and 8 ranks on one GPU (docs/kernel-abi.md, "Scope"), and it was measured at GPU
-// scope alone. Every rank computes the same answer from the same call.
+// fusedColumns reports whether the Columns kernel (ptx.Columns: the one-shot's bits, each rank
+// reducing its band of the columns of every row, then norming its own rows) may take a fused
+// call of rows rows on this communicator: within fusedColumnsMaxRows, and with GPU-scope
+// barriers only: its middle barrier releases the block's writes, which at system scope costs
+// 1.3 to 3.3 us more at 4 and 8 ranks on one GPU (docs/kernel-abi.md, "Scope"), and it was
+// measured at GPU scope alone. columnsServe adds the route. Every rank computes the same
+// answer from the same call.
 func (c *Comm) fusedColumns(rows int) bool {
 	return c.scope == ptx.ScopeGPU && rows <= fusedColumnsMaxRows(c.size)
 }
@@ -517,7 +518,8 @@ func selectFused(major, worldSize, rows int, nbytes int64, direct, gpuScope bool
 }
 
 // routeFused resolves the algorithm of a fused call and refuses what its engine cannot take;
-// direct says that both outputs are shared (TwoShot then needs no tmp). Auto is
+// direct says that both outputs are shared (TwoShot then needs no tmp), residShared that
+// ResidualOut is (the Columns kernel's direct route: columnsServe). Auto is
 // Options.Algorithm where set (Push selects as Auto: the fused call has none), else NCCL where
 // only NCCL can serve the call, else the selection table.
 func (c *Comm) routeFused(algo Algorithm, a FusedArgs, nbytes int64, direct, residShared bool) (Algorithm, error) {
