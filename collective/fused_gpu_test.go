@@ -133,6 +133,20 @@ func (g *fusedGroup) args(r int, fc *fusedCase, inPlace, noNorm bool) collective
 	return a
 }
 
+// registerOutputs registers every rank's residual buffer (the tests' ResidualOut in place)
+// and NormOut, n bytes each: a collective call.
+func (g *fusedGroup) registerOutputs(n int) {
+	g.t.Helper()
+	g.parallel(func(rb *rankBufs) error {
+		b := g.bufs[rb.comm.Rank()]
+		if _, err := rb.comm.Register(context.Background(), b.residual, uint64(n)); err != nil {
+			return err
+		}
+		_, err := rb.comm.Register(context.Background(), b.normOut, uint64(n))
+		return err
+	})
+}
+
 // checkFused compares every rank's outputs bitwise with the reference (and so with each
 // other).
 func (g *fusedGroup) checkFused(fc *fusedCase, wantResid, wantNorm []byte, inPlace bool, what string) {
@@ -249,14 +263,7 @@ func TestAllReduceResidualRMSNormRegisteredAndGraph(t *testing.T) {
 				})
 				for _, outputs := range []bool{false, true} {
 					if outputs {
-						g.parallel(func(rb *rankBufs) error {
-							b := g.bufs[rb.comm.Rank()]
-							if _, err := rb.comm.Register(context.Background(), b.residual, maxBytes); err != nil {
-								return err
-							}
-							_, err := rb.comm.Register(context.Background(), b.normOut, maxBytes)
-							return err
-						})
+						g.registerOutputs(maxBytes)
 					}
 					for _, dt := range []dtype.DType{dtype.BFloat16, dtype.Float16} {
 						for _, hidden := range []int{5120, 8192} {
@@ -330,14 +337,7 @@ func TestAllReduceResidualRMSNormSystemScope(t *testing.T) {
 			g := newFusedGroup(t, ws, collective.Options{Timeout: 5 * time.Second, SystemScope: true}, maxBytes)
 			for _, outputs := range []bool{false, true} {
 				if outputs {
-					g.parallel(func(rb *rankBufs) error {
-						b := g.bufs[rb.comm.Rank()]
-						if _, err := rb.comm.Register(context.Background(), b.residual, maxBytes); err != nil {
-							return err
-						}
-						_, err := rb.comm.Register(context.Background(), b.normOut, maxBytes)
-						return err
-					})
+					g.registerOutputs(maxBytes)
 				}
 				for _, rows := range []int{1, 7, 128, 257} {
 					fc := newFusedCase(rng, dtype.BFloat16, ws, rows, hidden)
