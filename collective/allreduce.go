@@ -36,7 +36,9 @@ import (
 //
 // Outputs: when dst is visible to the peers too (registered, or any dst under Capture),
 // TwoShot writes every rank's share of the sum straight into every rank's dst: one barrier
-// and one pass over the data fewer. Registered buffers are matched across ranks by their
+// and one pass over the data fewer. Such an in-place call takes TwoShot wherever the
+// selection would take OneShot out of place, since it needs no staging (SelectedFor).
+// Registered buffers are matched across ranks by their
 // order of registration, so when one rank passes a registered src or dst, every rank must
 // pass its own counterpart, registered in the same order.
 func (c *Comm) AllReduce(stream *driver.Stream, dst, src driver.DevicePtr, count int, dt DType) error {
@@ -57,7 +59,7 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 		return err
 	}
 	outReg, direct := c.sharedOutput(dst, uint64(nbytes))
-	if algo, err = c.route(algo, nbytes, direct); err != nil {
+	if algo, err = c.route(algo, nbytes, direct, dst == src); err != nil {
 		return err
 	}
 	if algo == NCCL {
@@ -158,24 +160,48 @@ func (c *Comm) noteWork(stream *driver.Stream) error {
 	return c.work.note(stream)
 }
 
-// Selected returns the algorithm that AllReduce picks for a message of nbytes: the forced
-// one (Options.Algorithm or GOCCL_ALGO), NCCL where the kernels cannot serve the call (past
-// MaxBytes, or a communicator they cannot serve) and NCCL is available, or the selection
-// table's kernel. sharedOutput says whether the call's dst is visible to the peers
+// Selected returns the algorithm that AllReduce picks for an out-of-place message of nbytes:
+// the forced one (Options.Algorithm or GOCCL_ALGO), NCCL where the kernels cannot serve the
+// call (past MaxBytes, or a communicator they cannot serve) and NCCL is available, or the
+// selection table's kernel. sharedOutput says whether the call's dst is visible to the peers
 // (registered with Register, or the call is captured by Capture): TwoShot then writes
 // straight into it, which moves its crossover with OneShot. The selection table is the
 // tuning table's section where the communicator uses one (TuneFile), else the built-in one;
 // a tuning table may choose differently for captured calls, which SelectedCaptured answers
-// (Selected answers for eager calls, or for captured ones while Capture records).
+// (Selected answers for eager calls, or for captured ones while Capture records). An
+// in-place call may take another algorithm: SelectedFor answers for any kind of call.
 func (c *Comm) Selected(nbytes int64, sharedOutput bool) Algorithm {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.selected(nbytes, sharedOutput)
 }
 
-// selected is Selected for a call made now: captured (inside Capture) or eager.
+// selected is Selected for an out-of-place call made now: captured (inside Capture) or eager.
 func (c *Comm) selected(nbytes int64, sharedOutput bool) Algorithm {
-	return c.selectedIn(c.capture != nil, nbytes, sharedOutput)
+	return c.selectedIn(c.capture != nil, nbytes, sharedOutput, false)
+}
+
+// CallKind is what the selection of a call depends on beside its size (see SelectedFor).
+type CallKind struct {
+	// SharedOutput: the call's dst is visible to the peers, registered with Register with
+	// room for the call (a captured call's always is).
+	SharedOutput bool
+	// InPlace: dst == src.
+	InPlace bool
+	// Captured: the call is recorded by Capture (a tuning table may choose differently for
+	// graphs than for eager calls).
+	Captured bool
+}
+
+// SelectedFor returns the algorithm that AllReduce picks for a call of nbytes of the given
+// kind: Selected's answer, except that an in-place call whose output the peers see takes
+// TwoShot where OneShot would serve it out of place (an in-place OneShot must stage its
+// input; the direct TwoShot reads each element of the buffer before it writes it, in the same
+// thread).
+func (c *Comm) SelectedFor(nbytes int64, kind CallKind) Algorithm {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.selectedIn(kind.Captured, nbytes, kind.SharedOutput || kind.Captured, kind.InPlace)
 }
 
 // Engines says what serves this communicator: goccl's kernels, NCCL, or both.
@@ -202,11 +228,12 @@ func (c *Comm) Engines() Engines {
 	return e
 }
 
-// route resolves the algorithm of one call (Auto: selected) and refuses what its engine
-// cannot take.
-func (c *Comm) route(algo Algorithm, nbytes int64, direct bool) (Algorithm, error) {
+// route resolves the algorithm of one call (Auto: the selection for a call made now, eager or
+// captured, whose output the peers see (direct) or not, in place or not) and refuses what its
+// engine cannot take.
+func (c *Comm) route(algo Algorithm, nbytes int64, direct, inPlace bool) (Algorithm, error) {
 	if algo == Auto {
-		algo = c.selected(nbytes, direct)
+		algo = c.selectedIn(c.capture != nil, nbytes, direct, inPlace)
 	}
 	if algo == NCCL {
 		if c.nccl == nil {

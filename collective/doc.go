@@ -47,7 +47,8 @@
 // preceded by a device-to-device copy). Register shares a user buffer once so calls that read
 // from it skip the copy (and TwoShot calls that write into it write every rank's output
 // directly); an in-place OneShot still goes through the staging buffer, since it overwrites
-// its input while the peers read it. Every rank must then read its peers the same way: a
+// its input while the peers read it, so the selection gives an in-place call into a
+// registered (or captured) buffer to TwoShot, which needs no copy. Every rank must then read its peers the same way: a
 // registered input read in place on one rank beside a staged one on another is reported as
 // ErrCallMismatch. Release the Registration before freeing
 // the buffer. Capture records all-reduces into a CUDA graph and exchanges the captured buffers

@@ -3,6 +3,7 @@ package collective_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -285,7 +286,7 @@ func BenchmarkAllReduceForkJoin(b *testing.B) {
 				b.Run(fmt.Sprintf("ws%d/%s/%s", ws, v.name, sizeName(nbytes)), func(b *testing.B) {
 					opts := collective.Options{Algorithm: v.algo, MaxBytes: int64(nbytes), PushMaxBytes: int64(nbytes),
 						ThreadsPerBlock: v.threads, PushBlocks: v.pushBlocks, DisablePDL: v.noPDL, Timeout: 50 * time.Millisecond}
-					benchForkJoin(b, ws, opts, nbytes, v.registerOutput)
+					benchForkJoin(b, ws, opts, nbytes, v.registerOutput, false)
 				})
 			}
 		}
@@ -295,7 +296,7 @@ func BenchmarkAllReduceForkJoin(b *testing.B) {
 // BenchmarkAllReduceGrid measures the points of the performance target (2, 4 and 8 ranks;
 // 16 KiB, 256 KiB, 1 MiB, 8 MiB) in the fork/join harness for each algorithm that may serve
 // them (the two-shot direct, its outputs registered, and through tmp), with the default grid
-// and with Options.Blocks = ptx.MaxBlocks (capped by occupancy like
+// and with Options.Blocks = ptx.MaxBlocks (push: Options.PushBlocks; capped by occupancy like
 // any grid when ranks share a GPU), at GPU scope (the default with
 // every rank on one GPU) and at system scope (Options.SystemScope: the barriers of ranks on
 // different GPUs). Compare it with BenchmarkGraphForkJoinFloor/fork-rank0 of the same run.
@@ -307,22 +308,28 @@ func BenchmarkAllReduceGrid(b *testing.B) {
 		registerOutput bool
 	}
 	variants := []variant{{"oneshot", collective.OneShot, false}, {"twoshot-direct", collective.TwoShot, true},
-		{"twoshot-tmp", collective.TwoShot, false}, {"push", collective.Push, false}}
+		{"twoshot-tmp", collective.TwoShot, false}, {"push", collective.Push, false},
+		// in place: the input, registered, is the output too, so the two-shot writes it directly
+		// (and the ranks' buffers are half the out-of-place footprint)
+		{"twoshot-inplace", collective.TwoShot, false}, {"oneshot-inplace", collective.OneShot, false}}
 	for _, ws := range []int{2, 4, 8} {
 		for _, nbytes := range []int{16 << 10, 256 << 10, 1 << 20, 8 << 20} {
 			for _, v := range variants {
-				if v.algo == collective.Push && nbytes > 256<<10 {
+				if v.algo == collective.Push && nbytes > 1<<20 {
 					continue
 				}
 				for _, scope := range []string{"gpu", "sys"} {
 					for _, blocks := range []int{0, ptx.MaxBlocks} {
-						if v.algo == collective.Push && blocks != 0 {
-							continue
-						}
 						b.Run(fmt.Sprintf("ws%d/%s/%s/%s/blocks%d", ws, sizeName(nbytes), v.name, scope, blocks), func(b *testing.B) {
 							opts := collective.Options{Algorithm: v.algo, MaxBytes: int64(nbytes), PushMaxBytes: int64(nbytes),
-								Blocks: blocks, SystemScope: scope == "sys", Timeout: 50 * time.Millisecond}
-							benchForkJoin(b, ws, opts, nbytes, v.registerOutput)
+								SystemScope: scope == "sys", Timeout: 50 * time.Millisecond}
+							// push's grid is its own fixed one
+							if v.algo == collective.Push {
+								opts.PushBlocks = blocks
+							} else {
+								opts.Blocks = blocks
+							}
+							benchForkJoin(b, ws, opts, nbytes, v.registerOutput, strings.HasSuffix(v.name, "-inplace"))
 						})
 					}
 				}
@@ -338,7 +345,9 @@ func sizeName(n int) string {
 	return fmt.Sprintf("%dK", n>>10)
 }
 
-func benchForkJoin(b *testing.B, ws int, opts collective.Options, nbytes int, registerOutput bool) {
+// benchForkJoin measures one all-reduce a layer of the fork/join harness, out of place (the
+// input registered, the output too with registerOutput) or in place over the registered input.
+func benchForkJoin(b *testing.B, ws int, opts collective.Options, nbytes int, registerOutput, inPlace bool) {
 	g := newGroup(b, virtualRanks(ws), opts, uint64(nbytes))
 	g.parallel(func(rb *rankBufs) error {
 		if _, err := rb.comm.Register(context.Background(), rb.in, rb.capacity); err != nil || !registerOutput {
@@ -356,7 +365,11 @@ func benchForkJoin(b *testing.B, ws int, opts collective.Options, nbytes int, re
 	count := nbytes / dtype.BFloat16.Size()
 	x := f.capture(b, f.main, func() {
 		f.forkJoinLayer(b, true, func(r int, s *driver.Stream) {
-			require.NoError(b, g.ranks[r].comm.AllReduce(s, g.ranks[r].out, g.ranks[r].in, count, dtype.BFloat16))
+			dst := g.ranks[r].out
+			if inPlace {
+				dst = g.ranks[r].in
+			}
+			require.NoError(b, g.ranks[r].comm.AllReduce(s, dst, g.ranks[r].in, count, dtype.BFloat16))
 		})
 	})
 	defer x.Close()

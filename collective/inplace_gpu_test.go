@@ -409,3 +409,64 @@ func BenchmarkAllReduceInPlaceEager(b *testing.B) {
 		}
 	}
 }
+
+// TestAllReduceInPlaceSelected: with Auto, an in-place call into a registered buffer takes the
+// direct TwoShot where an out-of-place one takes OneShot, eager and captured, and its result is
+// the TwoShot reference's, bit for bit, on every rank.
+func TestAllReduceInPlaceSelected(t *testing.T) {
+	requireGPU(t)
+	const capacity = 1 << 20
+	for _, ws := range []int{2, 4, 8} {
+		t.Run(fmt.Sprintf("ws%d", ws), func(t *testing.T) {
+			g := newGroup(t, virtualRanks(ws), collective.Options{Timeout: 5 * time.Second}, capacity)
+			g.parallel(func(rb *rankBufs) error {
+				_, err := rb.comm.Register(context.Background(), rb.in, rb.capacity)
+				return err
+			})
+			rng := rand.New(rand.NewPCG(uint64(ws), 11))
+			comm := g.ranks[0].comm
+			tested := 0
+			for _, nbytes := range []int{32 << 10, 64<<10 - 2, 128 << 10, 256<<10 + 2, 1 << 20} {
+				count := nbytes / dtype.BFloat16.Size()
+				outOfPlace := comm.SelectedFor(int64(nbytes), collective.CallKind{SharedOutput: true})
+				inPlace := comm.SelectedFor(int64(nbytes), collective.CallKind{SharedOutput: true, InPlace: true})
+				captured := comm.SelectedFor(int64(nbytes), collective.CallKind{Captured: true, InPlace: true})
+				if outOfPlace == collective.OneShot {
+					require.Equal(t, collective.TwoShot, inPlace, "%d bytes in place", nbytes)
+					tested++
+				}
+				what := fmt.Sprintf("%d bytes, out of place %v, in place %v", nbytes, outOfPlace, inPlace)
+
+				inputs := g.fill(rng, dtype.BFloat16, nbytes, true)
+				want, err := reference(inPlace, dtype.BFloat16, inputs)
+				require.NoError(t, err)
+				for _, rb := range g.ranks {
+					require.NoError(t, rb.comm.AllReduce(rb.stream, rb.in, rb.in, count, dtype.BFloat16))
+				}
+				g.syncAll(30 * time.Second)
+				g.check(dtype.BFloat16, want, true, what+", eager")
+
+				graphs := make([]*collective.Graph, ws)
+				g.parallel(func(rb *rankBufs) error {
+					var err error
+					graphs[rb.comm.Rank()], err = rb.comm.Capture(context.Background(), rb.stream, func() error {
+						return rb.comm.AllReduce(rb.stream, rb.in, rb.in, count, dtype.BFloat16)
+					})
+					return err
+				})
+				inputs = g.fill(rng, dtype.BFloat16, nbytes, true)
+				want, err = reference(captured, dtype.BFloat16, inputs)
+				require.NoError(t, err)
+				for r, rb := range g.ranks {
+					require.NoError(t, graphs[r].Launch(rb.stream))
+				}
+				g.syncAll(30 * time.Second)
+				g.check(dtype.BFloat16, want, true, what+", captured")
+				for _, x := range graphs {
+					require.NoError(t, x.Close())
+				}
+			}
+			require.NotZero(t, tested, "no size where the selection takes OneShot out of place")
+		})
+	}
+}

@@ -44,6 +44,14 @@ func selectAlgorithm(major, worldSize int, bytes, pushMax int64, direct, gpuScop
 		if direct {
 			oneShotLimit = 2 << 20
 		}
+		if direct && gpuScope {
+			// With GPU-scope barriers the direct TwoShot's crossover is lower (4 virtual
+			// ranks, one graph per rank): OneShot 4.38-4.39, TwoShot 4.28-4.39 us at 512 KiB;
+			// 5.06-5.08 and 4.74-4.78 at 1 MiB; 6.82-6.87 and 6.12-6.23 at 2 MiB. At system
+			// scope its release costs 2 to 3 us more here (docs/benchmarks.md, "The target
+			// points"), so the limit above stays.
+			oneShotLimit = 512 << 10
+		}
 	case worldSize <= 8:
 		// fork/join harness (f318863): OneShot 7.77, TwoShot through tmp 7.35 us at 256 KiB
 		oneShotLimit = 256 << 10
@@ -220,19 +228,36 @@ func b01(b bool) int {
 }
 
 // selectedIn is the algorithm of a call of nbytes, captured (graph) or not, whose output the
-// peers see or not: the forced one, NCCL where only it can serve the call, the tuning table's
-// band (a Push band past PushMaxBytes excepted), or the built-in selection.
-func (c *Comm) selectedIn(graph bool, nbytes int64, sharedOutput bool) Algorithm {
+// peers see or not, in place or not: the forced one, NCCL where only it can serve the call,
+// the tuning table's band (a Push band past PushMaxBytes excepted), or the built-in selection;
+// TwoShot instead of OneShot for an in-place call whose output the peers see.
+func (c *Comm) selectedIn(graph bool, nbytes int64, sharedOutput, inPlace bool) Algorithm {
 	if c.opts.Algorithm != Auto {
 		return c.opts.Algorithm
 	}
 	if c.nccl != nil && (!c.custom || nbytes > c.opts.MaxBytes) {
 		return NCCL
 	}
+	var algo Algorithm
 	if b := c.tuning.table.band(graph, sharedOutput, nbytes); b != nil && (b.algo != Push || nbytes <= c.opts.PushMaxBytes) {
-		return b.algo
+		algo = b.algo
+	} else {
+		algo = selectAlgorithm(c.major, c.size, nbytes, c.opts.PushMaxBytes, sharedOutput, c.scope == ptx.ScopeGPU)
 	}
-	return selectAlgorithm(c.major, c.size, nbytes, c.opts.PushMaxBytes, sharedOutput, c.scope == ptx.ScopeGPU)
+	if algo == OneShot && inPlace && sharedOutput {
+		// In place, OneShot stages its input (its kernel copies it before the entry barrier:
+		// a slower peer would otherwise read elements this rank has overwritten), and the
+		// direct TwoShot needs no copy: every element of the buffer is read and then written
+		// by one thread of one rank. The tables (the tuning table's too) are measured out of
+		// place. In place, TwoShot won at every size OneShot serves: 8 virtual ranks on an
+		// H200, one graph per rank, 32 KiB 5.02-5.26 against 5.59-6.00 us, 64 KiB 5.09-5.51
+		// against 5.90-6.21; 2 ranks 128 KiB 2.57-2.62 against 3.11-3.15, 2 MiB 3.79-3.88
+		// against 5.73-5.95 (docs/benchmarks.md, "In place with a shared output"). Ranks that
+		// differ in being in place already differ in their calls (the in-place OneShot's input
+		// is staged, and the call check tells), so the choice stays alike on every rank.
+		return TwoShot
+	}
+	return algo
 }
 
 // shape is the grid of one all-reduce of algo over nvec vectors (nbytes): the tuning table's

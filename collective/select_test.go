@@ -36,7 +36,7 @@ func TestSelectAlgorithm(t *testing.T) {
 		{9, 4, 1 << 20, false, OneShot},
 		{9, 4, 2 << 20, false, TwoShot},
 		{9, 4, 2 << 20, true, OneShot},
-		{9, 4, 4 << 20, true, TwoShot},
+		{9, 4, 2<<20 + 16, true, TwoShot},
 		{9, 16, 16 << 10, false, Push},
 		{9, 16, 32 << 10, false, OneShot},
 		{9, 16, 256 << 10, false, TwoShot},
@@ -54,7 +54,45 @@ func TestSelectAlgorithm(t *testing.T) {
 	assert.Equal(t, TwoShot, selectAlgorithm(9, 8, 64<<10+16, DefaultPushMaxBytes, true, true))
 	assert.Equal(t, OneShot, selectAlgorithm(9, 8, 256<<10, DefaultPushMaxBytes, false, true))
 	assert.Equal(t, OneShot, selectAlgorithm(9, 8, 256<<10, DefaultPushMaxBytes, true, false))
-	assert.Equal(t, OneShot, selectAlgorithm(9, 4, 256<<10, DefaultPushMaxBytes, true, true))
+	// and 4 ranks above 512 KiB
+	assert.Equal(t, OneShot, selectAlgorithm(9, 4, 512<<10, DefaultPushMaxBytes, true, true))
+	assert.Equal(t, TwoShot, selectAlgorithm(9, 4, 512<<10+16, DefaultPushMaxBytes, true, true))
+	assert.Equal(t, OneShot, selectAlgorithm(9, 4, 2<<20, DefaultPushMaxBytes, true, false))
+}
+
+// TestSelectedInPlace: an in-place call whose output the peers see takes the direct TwoShot
+// where OneShot would serve it out of place; Push, TwoShot, a forced algorithm, a call the
+// peers cannot write into and out-of-place calls keep their choice.
+func TestSelectedInPlace(t *testing.T) {
+	o, err := Options{}.withDefaults()
+	require.NoError(t, err)
+	c := &Comm{opts: o, size: 8, major: 9, custom: true, scope: ptx.ScopeGPU}
+	for _, tc := range []struct {
+		bytes int64
+		kind  CallKind
+		want  Algorithm
+	}{
+		{16 << 10, CallKind{SharedOutput: true, InPlace: true}, Push},
+		{32 << 10, CallKind{SharedOutput: true, InPlace: true}, TwoShot},
+		{32 << 10, CallKind{SharedOutput: true}, OneShot},
+		{32 << 10, CallKind{InPlace: true}, OneShot}, // eager, not registered: staged either way
+		{32 << 10, CallKind{Captured: true, InPlace: true}, TwoShot},
+		{32 << 10, CallKind{Captured: true}, OneShot},
+		{8 << 20, CallKind{SharedOutput: true, InPlace: true}, TwoShot},
+	} {
+		assert.Equal(t, tc.want, c.SelectedFor(tc.bytes, tc.kind), "%d bytes, %+v", tc.bytes, tc.kind)
+		if !tc.kind.InPlace && !tc.kind.Captured {
+			assert.Equal(t, tc.want, c.Selected(tc.bytes, tc.kind.SharedOutput), "Selected is SelectedFor out of place")
+		}
+	}
+	algo, err := c.route(Auto, 32<<10, true, true)
+	require.NoError(t, err)
+	assert.Equal(t, TwoShot, algo, "AllReduce's route: in place, output shared")
+	algo, err = c.route(OneShot, 32<<10, true, true)
+	require.NoError(t, err)
+	assert.Equal(t, OneShot, algo, "an algorithm the caller names is kept")
+	c.opts.Algorithm = OneShot
+	assert.Equal(t, OneShot, c.SelectedFor(32<<10, CallKind{SharedOutput: true, InPlace: true}), "Options.Algorithm wins")
 }
 
 func TestLaunchShape(t *testing.T) {
@@ -283,16 +321,16 @@ func TestRoute(t *testing.T) {
 	o, err := Options{MaxBytes: 1 << 20}.withDefaults()
 	require.NoError(t, err)
 	kernelsOnly := &Comm{opts: o, size: 2, major: 9, custom: true, ncclWhy: "libnccl.so.2 not found"}
-	algo, err := kernelsOnly.route(Auto, 1<<20, false)
+	algo, err := kernelsOnly.route(Auto, 1<<20, false, false)
 	require.NoError(t, err)
 	assert.NotEqual(t, NCCL, algo)
-	_, err = kernelsOnly.route(Auto, 1<<20+16, false)
+	_, err = kernelsOnly.route(Auto, 1<<20+16, false, false)
 	require.ErrorIs(t, err, ErrInvalidArgument)
 	assert.ErrorContains(t, err, "more than MaxBytes")
 	assert.ErrorContains(t, err, "libnccl.so.2 not found", "says why NCCL cannot take it")
-	_, err = kernelsOnly.route(NCCL, 16, false)
+	_, err = kernelsOnly.route(NCCL, 16, false, false)
 	assert.ErrorContains(t, err, "needs NCCL")
-	_, err = kernelsOnly.route(Push, o.PushMaxBytes+16, false)
+	_, err = kernelsOnly.route(Push, o.PushMaxBytes+16, false, false)
 	assert.ErrorContains(t, err, "PushMaxBytes")
 
 	both := &Comm{opts: o, size: 2, major: 9, custom: true, nccl: &ncclEngine{}}
@@ -300,17 +338,17 @@ func TestRoute(t *testing.T) {
 		bytes int64
 		want  Algorithm
 	}{{1 << 20, Algorithm(selectAlgorithm(9, 2, 1<<20, o.PushMaxBytes, false, false))}, {1<<20 + 16, NCCL}, {1 << 30, NCCL}} {
-		algo, err := both.route(Auto, tc.bytes, false)
+		algo, err := both.route(Auto, tc.bytes, false, false)
 		require.NoError(t, err)
 		assert.Equal(t, tc.want, algo, "%d bytes", tc.bytes)
 		assert.Equal(t, tc.want, both.selected(tc.bytes, false))
 	}
 
 	ncclOnly := &Comm{opts: o, size: 2, nccl: &ncclEngine{}, noCustomWhy: "rank 1 runs on another host than rank 0"}
-	algo, err = ncclOnly.route(Auto, 64, false)
+	algo, err = ncclOnly.route(Auto, 64, false, false)
 	require.NoError(t, err)
 	assert.Equal(t, NCCL, algo)
-	_, err = ncclOnly.route(OneShot, 64, false)
+	_, err = ncclOnly.route(OneShot, 64, false, false)
 	assert.ErrorContains(t, err, "another host")
 }
 

@@ -441,12 +441,12 @@ func (c *Comm) TuneFile() string {
 	return c.tuning.path
 }
 
-// SelectedCaptured is Selected for a call recorded by Capture (whose output the peers always
-// see): a tuning table may choose differently for graphs than for eager calls.
+// SelectedCaptured is Selected for an out-of-place call recorded by Capture (whose output the
+// peers always see): a tuning table may choose differently for graphs than for eager calls.
 func (c *Comm) SelectedCaptured(nbytes int64) Algorithm {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.selectedIn(true, nbytes, true)
+	return c.selectedIn(true, nbytes, true, false)
 }
 
 // Notes returns what went wrong at New without failing it, one sentence each: a tuning table

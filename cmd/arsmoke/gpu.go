@@ -263,7 +263,8 @@ func (e *gpuEngine) Run(ctx context.Context, c Case) (Measurement, error) {
 	path, graphPath := algo, algo
 	if algo == collective.Auto {
 		// both buffers are registered (and a graph shares its outputs anyway)
-		path, graphPath = comm.Selected(c.Bytes, true), comm.SelectedCaptured(c.Bytes)
+		path = comm.SelectedFor(c.Bytes, collective.CallKind{SharedOutput: true, InPlace: c.InPlace})
+		graphPath = comm.SelectedFor(c.Bytes, collective.CallKind{Captured: true, InPlace: c.InPlace})
 	}
 	m.Path = path.String()
 	if c.Graph {
