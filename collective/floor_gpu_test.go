@@ -389,3 +389,26 @@ func benchForkJoin(b *testing.B, ws int, opts collective.Options, nbytes int, re
 	// algbw as nccl-tests defines it: message bytes per second.
 	b.ReportMetric(float64(nbytes)/us/1e3, "algGB/s")
 }
+
+// BenchmarkPushGrid measures where push's band ends: push with the default grid and with
+// Options.PushBlocks = ptx.MaxBlocks (capped by occupancy like any grid when ranks share a
+// GPU) against one-shot, 16 KiB to 1 MiB, in the fork/join harness (outputs not registered).
+func BenchmarkPushGrid(b *testing.B) {
+	requireGPU(b)
+	variants := []struct {
+		name       string
+		algo       collective.Algorithm
+		pushBlocks int
+	}{{"oneshot", collective.OneShot, 0}, {"push", collective.Push, 0}, {"push-maxblocks", collective.Push, ptx.MaxBlocks}}
+	for _, ws := range []int{2, 4, 8} {
+		for nbytes := 16 << 10; nbytes <= 1<<20; nbytes *= 2 {
+			for _, v := range variants {
+				b.Run(fmt.Sprintf("ws%d/%s/%s", ws, sizeName(nbytes), v.name), func(b *testing.B) {
+					opts := collective.Options{Algorithm: v.algo, MaxBytes: int64(nbytes), PushMaxBytes: int64(nbytes),
+						PushBlocks: v.pushBlocks, Timeout: 50 * time.Millisecond}
+					benchForkJoin(b, ws, opts, nbytes, false, false)
+				})
+			}
+		}
+	}
+}
