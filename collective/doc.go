@@ -48,9 +48,9 @@
 // from it skip the copy (and TwoShot calls that write into it write every rank's output
 // directly); an in-place OneShot still goes through the staging buffer, since it overwrites
 // its input while the peers read it, so the selection gives an in-place call into a
-// registered (or captured) buffer to TwoShot, which needs no copy. Every rank must then read its peers the same way: a
-// registered input read in place on one rank beside a staged one on another is reported as
-// ErrCallMismatch. Release the Registration before freeing
+// registered (or captured) buffer to TwoShot, which needs no copy. Every rank must then read
+// its peers the same way: a registered input read in place on one rank beside a staged one on
+// another is reported as ErrCallMismatch. Release the Registration before freeing
 // the buffer. Capture records all-reduces into a CUDA graph and exchanges the captured buffers
 // afterwards; a buffer used by many calls of one capture takes one registration slot, and
 // closing the Graph gives its slots back, so an engine can capture one graph per batch size and
