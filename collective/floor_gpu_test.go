@@ -3,7 +3,6 @@ package collective_test
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -303,15 +302,15 @@ func BenchmarkAllReduceForkJoin(b *testing.B) {
 func BenchmarkAllReduceGrid(b *testing.B) {
 	requireGPU(b)
 	type variant struct {
-		name           string
-		algo           collective.Algorithm
-		registerOutput bool
+		name                    string
+		algo                    collective.Algorithm
+		registerOutput, inPlace bool
 	}
-	variants := []variant{{"oneshot", collective.OneShot, false}, {"twoshot-direct", collective.TwoShot, true},
-		{"twoshot-tmp", collective.TwoShot, false}, {"push", collective.Push, false},
+	variants := []variant{{"oneshot", collective.OneShot, false, false}, {"twoshot-direct", collective.TwoShot, true, false},
+		{"twoshot-tmp", collective.TwoShot, false, false}, {"push", collective.Push, false, false},
 		// in place: the input, registered, is the output too, so the two-shot writes it directly
 		// (and the ranks' buffers are half the out-of-place footprint)
-		{"twoshot-inplace", collective.TwoShot, false}, {"oneshot-inplace", collective.OneShot, false}}
+		{"twoshot-inplace", collective.TwoShot, false, true}, {"oneshot-inplace", collective.OneShot, false, true}}
 	for _, ws := range []int{2, 4, 8} {
 		for _, nbytes := range []int{16 << 10, 256 << 10, 1 << 20, 8 << 20} {
 			for _, v := range variants {
@@ -329,7 +328,7 @@ func BenchmarkAllReduceGrid(b *testing.B) {
 							} else {
 								opts.Blocks = blocks
 							}
-							benchForkJoin(b, ws, opts, nbytes, v.registerOutput, strings.HasSuffix(v.name, "-inplace"))
+							benchForkJoin(b, ws, opts, nbytes, v.registerOutput, v.inPlace)
 						})
 					}
 				}

@@ -435,6 +435,9 @@ func TestAllReduceInPlaceSelected(t *testing.T) {
 					require.Equal(t, collective.TwoShot, inPlace, "%d bytes in place", nbytes)
 					tested++
 				}
+				if comm.SelectedCaptured(int64(nbytes)) == collective.OneShot {
+					require.Equal(t, collective.TwoShot, captured, "%d bytes in place, captured", nbytes)
+				}
 				what := fmt.Sprintf("%d bytes, out of place %v, in place %v", nbytes, outOfPlace, inPlace)
 
 				inputs := g.fill(rng, dtype.BFloat16, nbytes, true)
