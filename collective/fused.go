@@ -63,10 +63,10 @@ type FusedArgs struct {
 //
 // Algorithms, chosen per call by size and world size (FusedSelected answers which):
 //   - OneShot: every rank reduces every row (rank order) and norms it. From 8 ranks, with
-//     GPU-scope barriers (every rank on one GPU), calls of up to 384/ranks rows take OneShot's
+//     GPU-scope barriers (every rank on one GPU), calls of up to 512/ranks rows take OneShot's
 //     Columns kernel instead, also where TwoShot would otherwise serve them: each rank reduces
 //     its band of the columns of every row into every rank's ResidualOut (where it is visible
-//     to the peers: registered, or under Capture; else, from 4 rows a rank, through the tmp
+//     to the peers: registered, or under Capture; else, from 3 rows a rank, through the tmp
 //     buffers, from which each rank gathers its rows), then norms its own rows. Same bits as
 //     OneShot, 1/ranks of the loads a row.
 //   - TwoShot, for more rows: each rank reduces and norms its band of rows, then every rank
@@ -371,8 +371,9 @@ func (c *Comm) fusedColumns(rows int) bool {
 // it, which costs more than reading back its own ResidualOut: on an H200 (8 virtual ranks,
 // hidden 8192 bf16, BenchmarkAllReduceResidualRMSNorm, outputs not shared, two passes) the
 // Columns kernel through tmp took 8.33-8.39 us against the one-shot's 7.56-7.60 at 1 row,
-// 8.71 against 8.03-8.07 at 8, 9.13-9.19 against 8.83-8.85 at 16, and 11.25-11.27 against
-// 12.26-12.28 at 32.
+// 8.71 against 8.03-8.07 at 8, 9.05-9.07 against 8.92 at 16, 9.74-9.79 against 11.67-11.68
+// at 24 (two rows in some blocks: the one-shot norms them one after the other, Columns both
+// at once), and 11.25-11.27 against 12.26-12.28 at 32.
 func (c *Comm) columnsServe(a FusedArgs, residShared bool) bool {
 	if !c.fusedColumns(a.Rows) {
 		return false
@@ -386,7 +387,7 @@ func (c *Comm) columnsServe(a FusedArgs, residShared bool) bool {
 
 // fusedColumnsTmpRowsPerRank is the fewest rows a rank of a Columns call through tmp: see
 // columnsServe.
-const fusedColumnsTmpRowsPerRank = 4
+const fusedColumnsTmpRowsPerRank = 3
 
 // fusedCall is the call fingerprint of a fused launch of kernel; a Columns launch through the
 // tmp buffers (not direct) is marked Staged, so that ranks that disagree on the route are a
@@ -398,15 +399,16 @@ func (c *Comm) fusedCall(kernel ptx.Algorithm, a FusedArgs, direct bool) uint64 
 }
 
 // fusedColumnsMaxRows is the most rows of a fused call that the Columns kernel takes at
-// worldSize ranks (0: none): from 8 ranks, up to 384/worldSize rows (48 at 8 ranks, 24 at
+// worldSize ranks (0: none): from 8 ranks, up to 512/worldSize rows (64 at 8 ranks, 32 at
 // 16). Measured on an H200, virtual ranks, hidden 8192 bf16, one graph per rank (arsmoke
 // --fused -g, ResidualOut shared; docs/benchmarks.md, "Columns"), us: at 8 ranks Columns
 // against the row cache's one-shot 5.93-6.31 against 5.78-6.34 at 1 row, 5.90-6.23 against
-// 6.51-6.62 at 8, 7.60-7.88 against 10.24-10.30 at 24; against the direct TwoShot 8.72-8.74
-// against 10.02-10.29 at 32 rows, 10.47-10.50 against 11.79-11.82 at 48, 12.41-12.49 against
-// 12.18-12.35 at 64 (TwoShot from there); at 16 ranks 8.62-9.10 against 9.75-10.63 at 1 row,
-// 13.23-13.29 against 14.61-14.98 (TwoShot) at 24, 15.27-15.38 against 15.52-15.89 at 32,
-// 20.16-20.30 against 19.30-19.62 at 48. Below 8 ranks the one-shot's loads are few enough
+// 6.51-6.62 at 8, 7.60-7.88 against 10.24-10.30 at 24. Against the direct TwoShot, with the
+// blocks of more than one row norming two at once (the grid is 16 blocks at 8 ranks on one
+// GPU, 8 at 16): at 8 ranks 10.23-10.60 against 11.73-11.91 at 48 rows, 11.42-11.76 against
+// 11.88-12.51 at 64, 16.04-16.23 against 14.37-14.70 at 96 (TwoShot from there); at 16 ranks
+// 10.89-11.09 against 13.62-14.98 at 16, 14.30-14.34 against 15.65-16.39 at 32, 18.11-18.27
+// against 18.41-18.70 at 48, 23.46-24.30 against 22.43-23.33 at 64. Below 8 ranks the one-shot's loads are few enough
 // that Columns' middle barrier and second read of the row cost more: 4.23-4.30 against
 // 3.05-3.14 at 2 ranks and 1 row, 4.69-4.88 against 4.06-4.20 at 4 ranks.
 func fusedColumnsMaxRows(worldSize int) int {
@@ -420,7 +422,7 @@ func fusedColumnsMaxRows(worldSize int) int {
 // fusedColumnsMaxRows.
 const (
 	fusedColumnsMinRanks = 8
-	fusedColumnsRankRows = 384
+	fusedColumnsRankRows = 512
 )
 
 // fusedLimit is the largest grid of a fused kernel that fits occ blocks per SM. The ranks

@@ -323,6 +323,50 @@ func TestAllReduceResidualRMSNormRegisteredAndGraph(t *testing.T) {
 	}
 }
 
+// TestFusedColumnsRowsPerBlock runs the Columns kernel where its blocks hold several rows
+// each (stage 2 norms two rows of a block at once where a thread's two cached vectors hold
+// the whole row, and one at a time otherwise): 8 virtual ranks (16 blocks on an H200; Columns
+// up to 64 rows, through tmp from 24) and 16 (8 blocks, up to 32 rows, direct), rows that
+// give every block two, some blocks three, and every block three and four rows (two pairs),
+// every hidden size of fusedHidden (16384 bf16 is past the pair: one row at a time), bf16,
+// f16 and f32 (hidden 2048 and 4096), ResidualOut in place over the residual, through tmp
+// and with the outputs registered (direct); bitwise against the one-shot's reference on
+// every rank.
+func TestFusedColumnsRowsPerBlock(t *testing.T) {
+	requireGPU(t)
+	rng := rand.New(rand.NewPCG(25, 26))
+	const maxBytes = 4 << 20
+	for _, tc := range []struct {
+		ws   int
+		rows []int
+	}{{8, []int{24, 33, 48, 64}}, {16, []int{9, 17, 24, 32}}} {
+		t.Run(fmt.Sprintf("ws%d", tc.ws), func(t *testing.T) {
+			g := newFusedGroup(t, tc.ws, collective.Options{Timeout: 5 * time.Second}, maxBytes)
+			for _, outputs := range []bool{false, true} {
+				if outputs {
+					g.registerOutputs(maxBytes)
+				}
+				for _, dt := range dtype.All {
+					for _, hidden := range fusedHidden {
+						for _, rows := range tc.rows {
+							if dt == dtype.Float32 && hidden > 4096 || rows*hidden*dt.Size() > maxBytes {
+								continue
+							}
+							fc := newFusedCase(rng, dt, tc.ws, rows, hidden)
+							what := fmt.Sprintf("%v rows %d hidden %d registered outputs %v", dt, rows, hidden, outputs)
+							wantR, wantN := fc.want(t, collective.OneShot, false)
+							g.upload(fc)
+							require.True(t, g.call(fc, collective.OneShot, true, false))
+							g.syncAll(30 * time.Second)
+							g.checkFused(fc, wantR, wantN, true, what)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
 // TestAllReduceResidualRMSNormSystemScope runs the fused kernels with the system-scope
 // barriers that ranks on several GPUs use (virtual ranks get the GPU-scope ones by default):
 // 2, 4 and 8 ranks, OneShot and TwoShot, through tmp and with registered outputs (the direct

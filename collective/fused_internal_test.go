@@ -112,7 +112,7 @@ func TestRouteFused(t *testing.T) {
 		require.NoError(t, err, tc.what)
 		assert.Equal(t, tc.want, got, tc.what)
 	}
-	// GPU scope, from 8 ranks: OneShot's Columns kernel takes calls of up to 384/ws rows whose
+	// GPU scope, from 8 ranks: OneShot's Columns kernel takes calls of up to 512/ws rows whose
 	// ResidualOut is shared, where TwoShot would otherwise serve them
 	gpu := newComm(Auto, 8, 2<<20)
 	gpu.scope = ptx.ScopeGPU
@@ -121,7 +121,7 @@ func TestRouteFused(t *testing.T) {
 		direct, residShared bool
 		want                Algorithm
 	}{
-		{24, true, true, OneShot}, {48, true, true, OneShot}, {49, true, true, TwoShot},
+		{24, true, true, OneShot}, {64, true, true, OneShot}, {65, true, true, TwoShot},
 		{24, false, true, OneShot}, {48, false, true, OneShot}, {64, false, true, OneShot}, // TwoShot through tmp from 72
 		{24, false, false, OneShot}, {72, false, false, TwoShot},
 	} {
@@ -130,14 +130,14 @@ func TestRouteFused(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, tc.want, got, "%+v", tc)
 	}
-	// which kernel OneShot launches: Columns direct up to 48 rows, through tmp from 32 to 48
+	// which kernel OneShot launches: Columns direct up to 64 rows, through tmp from 24 to 64
 	for _, tc := range []struct {
 		rows        int
 		residShared bool
 		want        bool
 	}{
-		{1, true, true}, {48, true, true}, {49, true, false},
-		{1, false, false}, {31, false, false}, {32, false, true}, {48, false, true}, {49, false, false},
+		{1, true, true}, {64, true, true}, {65, true, false},
+		{1, false, false}, {23, false, false}, {24, false, true}, {64, false, true}, {65, false, false},
 	} {
 		assert.Equal(t, tc.want, gpu.columnsServe(FusedArgs{Rows: tc.rows, Hidden: 8192, DType: BFloat16}, tc.residShared), "%+v", tc)
 	}
@@ -312,16 +312,16 @@ func TestFusedLimit(t *testing.T) {
 	assert.Equal(t, 64, own.fusedLimit(1))
 }
 
-// TestFusedColumns: the Columns kernel serves calls of up to 384/ws rows from 8 ranks, with
+// TestFusedColumns: the Columns kernel serves calls of up to 512/ws rows from 8 ranks, with
 // GPU-scope barriers only.
 func TestFusedColumns(t *testing.T) {
-	for ws, want := range map[int]int{2: 0, 4: 0, 7: 0, 8: 48, 12: 32, 16: 24} {
+	for ws, want := range map[int]int{2: 0, 4: 0, 7: 0, 8: 64, 12: 42, 16: 32} {
 		assert.Equal(t, want, fusedColumnsMaxRows(ws), "%d ranks", ws)
 	}
 	c := &Comm{size: 8, scope: ptx.ScopeGPU}
 	assert.True(t, c.fusedColumns(1))
-	assert.True(t, c.fusedColumns(48))
-	assert.False(t, c.fusedColumns(49))
+	assert.True(t, c.fusedColumns(64))
+	assert.False(t, c.fusedColumns(65))
 	c.scope = ptx.ScopeSystem
 	assert.False(t, c.fusedColumns(1), "not at system scope")
 	assert.False(t, (&Comm{size: 4, scope: ptx.ScopeGPU}).fusedColumns(1), "not below 8 ranks")

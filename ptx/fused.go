@@ -367,6 +367,27 @@ func (k *kernel) RowCache() []int {
 	return []int{0, 1}
 }
 
+// CacheIndices lists the register indices of a row cache (%rc0 .. %rc<4*len(RowCache)-1>).
+func (k *kernel) CacheIndices() []int {
+	idx := make([]int, 4*len(k.RowCache()))
+	for i := range idx {
+		idx[i] = i
+	}
+	return idx
+}
+
+// CacheWords names the four registers of vector u of a row cache whose registers are
+// prefix<4u> .. prefix<4u+3> (prefix "%rc", "%rd" or gamma's "%gc").
+func (k *kernel) CacheWords(prefix string, u int) []string {
+	return []string{fmt.Sprintf("%s%d", prefix, 4*u), fmt.Sprintf("%s%d", prefix, 4*u+1), fmt.Sprintf("%s%d", prefix, 4*u+2), fmt.Sprintf("%s%d", prefix, 4*u+3)}
+}
+
+// PairRows names, for the columns kernel's two rows at once, each row's index register and
+// its cache's register prefix: row A (%row, %rc), then row B (%rowb, %rd).
+func (k *kernel) PairRows() [][2]string {
+	return [][2]string{{"%row", "%rc"}, {"%rowb", "%rd"}}
+}
+
 // MaxRegs is the register limit (.maxnreg) of a fused kernel, 0 for none: 64 for the row
 // cache's one-shot of 3 and 4 ranks, which would otherwise take 72 under the driver's JIT and
 // so fit one block of 512 threads per SM instead of the plain kernels' two, which the ranks

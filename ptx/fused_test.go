@@ -118,7 +118,9 @@ func TestFusedPTXAssembles(t *testing.T) {
 // and the warp tree's shuffle distances 16, 8, 4, 2, 1 in every block sum.
 func TestFusedArithmetic(t *testing.T) {
 	shfl := regexp.MustCompile(`shfl\.sync\.down\.b32 %x, %ss, (\d+),`)
-	check := func(name string, src []byte, blockSums int) {
+	// blockSums: the block sums (or row meetings) over %ss; invs: the reciprocals taken from
+	// them (the Columns kernel's two rows at once sum the second row in %ssb and take two)
+	check := func(name string, src []byte, blockSums, invs int) {
 		text := code(src)
 		for _, bad := range []string{"fma", "mad.rn", ".approx", ".ftz", "rsqrt", "add.f32", "mul.f32", "div.full"} {
 			assert.False(t, has(text, bad), "%s: %s", name, bad)
@@ -134,7 +136,7 @@ func TestFusedArithmetic(t *testing.T) {
 		assert.Equal(t, want, dists, name)
 		assert.Equal(t, blockSums, strings.Count(text, "shfl.sync.idx.b32 %ss, %ss, 0,"), name)
 		steps := regexp.MustCompile(`div\.rn\.f32 %ss, %ss, %hid;\s+add\.rn\.f32 %ss, %ss, %eps;\s+sqrt\.rn\.f32 %ss, %ss;\s+div\.rn\.f32 %inv, 0f3F800000, %ss;`)
-		assert.Len(t, steps.FindAllString(text, -1), blockSums, "%s: mean, + eps, sqrt, reciprocal", name)
+		assert.Len(t, steps.FindAllString(text, -1), invs, "%s: mean, + eps, sqrt, reciprocal", name)
 		// x * inv, then * gamma, per element
 		assert.Regexp(t, `mul\.rn\.f32 %acc0, %acc0, %inv;\s+mul\.rn\.f32 %acc0, %acc0, %gx;`, text, name)
 		// squares: mul then add, never fused
@@ -147,17 +149,30 @@ func TestFusedArithmetic(t *testing.T) {
 		// (rowsync); one-shot: one block per row
 		sums := 2
 		switch s.Algo {
-		case OneShot, Columns:
+		case OneShot:
 			sums = 1
+		case Columns:
+			// one row at a time, and two: row A's block sum in %ss, row B's in %ssb
+			sums = 2
+			text := code(src)
+			var dists []string
+			for _, m := range regexp.MustCompile(`shfl\.sync\.down\.b32 %x, %ssb, (\d+),`).FindAllStringSubmatch(text, -1) {
+				dists = append(dists, m[1])
+			}
+			assert.Equal(t, []string{"16", "8", "4", "2", "1", "16", "8", "4", "2", "1"}, dists, s.EntryName())
+			assert.Equal(t, 1, strings.Count(text, "shfl.sync.idx.b32 %ssb, %ssb, 0,"), s.EntryName())
+			assert.Regexp(t, `mul\.rn\.f32 %x, %x, %x;\s+add\.rn\.f32 %ssb, %ssb, %x;`, text, s.EntryName())
+			check(s.EntryName()+"_"+s.Target.String(), src, sums, 3)
+			continue
 		case TwoShot:
 			sums = 4 // through tmp and direct
 		}
-		check(s.EntryName()+"_"+s.Target.String(), src, sums)
+		check(s.EntryName()+"_"+s.Target.String(), src, sums, sums)
 	}
 	for _, dt := range dtype.All {
 		src, err := NormSpec{dt, SM90}.Generate()
 		require.NoError(t, err)
-		check(NormSpec{dt, SM90}.EntryName(), src, 1)
+		check(NormSpec{dt, SM90}.EntryName(), src, 1, 1)
 	}
 }
 
@@ -503,10 +518,25 @@ func columnsCached(t *testing.T, name, text string) {
 		assert.Equal(t, 1, strings.Count(text, gamma), name)
 		assert.Less(t, squared, strings.Index(text, gamma), name)
 		assert.Less(t, strings.Index(text, gamma), strings.Index(text, "==== the row's sum of squares"), name)
+		// one row at a time, and two (columnpair: both rows' vectors, then gamma's, loaded
+		// before any squares, and each row normed from its cache)
 		for w := range 4 {
-			assert.Equal(t, 1, strings.Count(text, fmt.Sprintf("mov.b32 %%rc%d, ", 4*u+w)), name)
-			assert.Equal(t, 1, strings.Count(text, fmt.Sprintf("mov.b32 %%o%d, %%rc%d;", w, 4*u+w)), name)
+			assert.Equal(t, 2, strings.Count(text, fmt.Sprintf("mov.b32 %%rc%d, ", 4*u+w)), name)
+			assert.Equal(t, 2, strings.Count(text, fmt.Sprintf("mov.b32 %%o%d, %%rc%d;", w, 4*u+w)), name)
+			assert.Equal(t, 1, strings.Count(text, fmt.Sprintf("mov.b32 %%o%d, %%rd%d;", w, 4*u+w)), name)
 		}
+		pair := strings.Index(text, "==== two rows at once")
+		require.Positive(t, pair, name)
+		squares := pair + strings.Index(text[pair:], "mul.rn.f32 %x, %x, %x;")
+		for _, c := range []string{"%rc", "%rd"} {
+			load := fmt.Sprintf("@%%pv%d ld.global.v4.b32 {%%%s%d, %%%s%d, %%%s%d, %%%s%d}, [", u, c[1:], 4*u, c[1:], 4*u+1, c[1:], 4*u+2, c[1:], 4*u+3)
+			// direct, and through tmp
+			assert.Equal(t, 2, strings.Count(text, load), name)
+			assert.Less(t, strings.LastIndex(text, load), squares, name)
+		}
+		pairGamma := fmt.Sprintf("@%%pv%d ld.global.v4.b32 {%%gc%d, %%gc%d, %%gc%d, %%gc%d}, [%%a];", u, 4*u, 4*u+1, 4*u+2, 4*u+3)
+		assert.Equal(t, 1, strings.Count(text, pairGamma), name)
+		assert.Less(t, strings.Index(text, pairGamma), squares, name)
 	}
 	// the squares read the row in three places (two cached vectors, then the loop), each from
 	// the own ResidualOut (direct) or from the owner's tmp, stored into the own ResidualOut
