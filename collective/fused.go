@@ -408,9 +408,10 @@ func (c *Comm) fusedCall(kernel ptx.Algorithm, a FusedArgs, direct bool) uint64 
 // GPU, 8 at 16): at 8 ranks 10.23-10.60 against 11.73-11.91 at 48 rows, 11.42-11.76 against
 // 11.88-12.51 at 64, 16.04-16.23 against 14.37-14.70 at 96 (TwoShot from there); at 16 ranks
 // 10.89-11.09 against 13.62-14.98 at 16, 14.30-14.34 against 15.65-16.39 at 32, 18.11-18.27
-// against 18.41-18.70 at 48, 23.46-24.30 against 22.43-23.33 at 64. Below 8 ranks the one-shot's loads are few enough
-// that Columns' middle barrier and second read of the row cost more: 4.23-4.30 against
-// 3.05-3.14 at 2 ranks and 1 row, 4.69-4.88 against 4.06-4.20 at 4 ranks.
+// against 18.41-18.70 at 48, 23.46-24.30 against 22.43-23.33 at 64. Below 8 ranks the
+// one-shot's loads are few enough that Columns' middle barrier and second read of the row
+// cost more: 4.23-4.30 against 3.05-3.14 at 2 ranks and 1 row, 4.69-4.88 against 4.06-4.20
+// at 4 ranks.
 func fusedColumnsMaxRows(worldSize int) int {
 	if worldSize < fusedColumnsMinRanks {
 		return 0
