@@ -1,10 +1,7 @@
 package driver
 
 import (
-	"bufio"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -15,6 +12,8 @@ import (
 	"unsafe"
 
 	"github.com/ebitengine/purego"
+
+	"github.com/goccl/goccl/internal/dynlib"
 )
 
 // envLibcuda names the environment variable holding an explicit libcuda path.
@@ -237,7 +236,7 @@ func loadLocked() error {
 		return state.loadErr
 	}
 	state.path = path
-	if real, ok := mappedFile(cuInit); ok {
+	if real, ok := dynlib.MappedFile(cuInit); ok {
 		state.path = real
 	}
 	return nil
@@ -282,28 +281,14 @@ func defaultCandidates() []string {
 	return paths
 }
 
-// openFirst dlopens the first path that loads. The error wraps ErrNoDriver and says, for each
-// path, why it failed.
+// openFirst dlopens the first path that loads (dynlib.Open). The error wraps ErrNoDriver
+// and says, for each path, why it failed.
 func openFirst(paths []string) (uintptr, string, error) {
-	var tried []string
-	for _, p := range paths {
-		if filepath.IsAbs(p) {
-			if _, err := os.Stat(p); err != nil {
-				reason := err.Error()
-				if errors.Is(err, fs.ErrNotExist) {
-					reason = "no such file"
-				}
-				tried = append(tried, fmt.Sprintf("%s (%s)", p, reason))
-				continue
-			}
-		}
-		h, err := dlopen(p, purego.RTLD_NOW|purego.RTLD_LOCAL)
-		if err == nil {
-			return h, p, nil
-		}
-		tried = append(tried, fmt.Sprintf("%s (%v)", p, err))
+	h, path, err := dynlib.Open(paths)
+	if err != nil {
+		return 0, "", fmt.Errorf("%w; %w", ErrNoDriver, err)
 	}
-	return 0, "", fmt.Errorf("%w; tried %s", ErrNoDriver, strings.Join(tried, "; "))
+	return h, path, nil
 }
 
 // bind stores the address of every symbol of table found in the library h (0 for the missing
@@ -322,41 +307,4 @@ func bind(h uintptr, table []symbol) []string {
 		}
 	}
 	return missing
-}
-
-// mappedFile returns the file mapped at addr, from /proc/self/maps: it turns "libcuda.so.1"
-// (found by the dynamic loader) into the real path that LibraryPath reports.
-func mappedFile(addr uintptr) (string, bool) {
-	f, err := os.Open("/proc/self/maps")
-	if err != nil {
-		return "", false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// start-end perms offset dev inode path
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 6 || !strings.HasPrefix(fields[5], "/") {
-			continue
-		}
-		lo, hi, ok := strings.Cut(fields[0], "-")
-		if !ok {
-			continue
-		}
-		start, err1 := strconv.ParseUint(lo, 16, 64)
-		end, err2 := strconv.ParseUint(hi, 16, 64)
-		if err1 == nil && err2 == nil && uint64(addr) >= start && uint64(addr) < end {
-			return fields[5], true
-		}
-	}
-	return "", false
-}
-
-// dlopen is purego.Dlopen on one OS thread: dlerror's reason for a failure belongs to the
-// thread that called dlopen, and the goroutine could otherwise move between the two calls and
-// report an empty reason.
-func dlopen(path string, mode int) (uintptr, error) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	return purego.Dlopen(path, mode)
 }

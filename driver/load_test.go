@@ -13,20 +13,15 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// TestOpenFirstNamesEveryPath: the error wraps ErrNoDriver and carries, from internal/dynlib,
+// every path tried with its reason.
 func TestOpenFirstNamesEveryPath(t *testing.T) {
 	missing := "/nonexistent-goccl/lib/libcuda.so.1"
 	bare := "libgoccl-nonexistent.so.1"
-	notLib := filepath.Join(t.TempDir(), "libcuda.so.1")
-	require.NoError(t, os.WriteFile(notLib, []byte("not an ELF file"), 0o644))
-
-	_, _, err := openFirst([]string{missing, bare, notLib})
+	_, _, err := openFirst([]string{missing, bare})
 	require.ErrorIs(t, err, ErrNoDriver)
-	msg := err.Error()
-	assert.Contains(t, msg, missing+" (no such file)")
-	assert.Contains(t, msg, bare+" (")
-	assert.Contains(t, msg, "cannot open shared object file", "the dynamic loader's reason")
-	assert.Contains(t, msg, notLib+" (")
-	assert.Contains(t, msg, "file too short", "the reason a file that exists failed")
+	assert.Contains(t, err.Error(), "; tried "+missing+" (no such file); "+bare+" (")
+	assert.Contains(t, err.Error(), "cannot open shared object file", "the dynamic loader's reason")
 }
 
 func TestOpenLibraryExplicitPathOnly(t *testing.T) {

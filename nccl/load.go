@@ -1,18 +1,17 @@
 package nccl
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"unsafe"
 
 	"github.com/ebitengine/purego"
+
+	"github.com/goccl/goccl/internal/dynlib"
 )
 
 // envLibnccl names the environment variable holding an explicit libnccl path.
@@ -145,7 +144,7 @@ func bindLibrary(h uintptr, path string) (*library, error) {
 	l := &library{path: path}
 	missing := bind(h, l.symbols())
 	if l.getVersion != 0 {
-		if real, ok := mappedFile(l.getVersion); ok {
+		if real, ok := dynlib.MappedFile(l.getVersion); ok {
 			l.path = real
 		}
 		var code int32
@@ -248,30 +247,14 @@ func dedupe(paths []string) []string {
 	return out
 }
 
-// openFirst dlopens the first path that loads. The error wraps ErrNotFound and says, for each
-// path, why it failed.
+// openFirst dlopens the first path that loads (dynlib.Open). The error wraps ErrNotFound
+// and says, for each path, why it failed.
 func openFirst(paths []string) (uintptr, string, error) {
-	var tried []string
-	for _, p := range paths {
-		if filepath.IsAbs(p) {
-			if _, err := os.Stat(p); err != nil {
-				reason := err.Error()
-				if errors.Is(err, fs.ErrNotExist) {
-					reason = "no such file"
-				}
-				tried = append(tried, fmt.Sprintf("%s (%s)", p, reason))
-				continue
-			}
-		}
-		// RTLD_LOCAL: NCCL's symbols must not be visible to, nor clash with, another copy
-		// loaded by a library in the same process (PyTorch's, for one).
-		h, err := dlopen(p, purego.RTLD_NOW|purego.RTLD_LOCAL)
-		if err == nil {
-			return h, p, nil
-		}
-		tried = append(tried, fmt.Sprintf("%s (%v)", p, err))
+	h, path, err := dynlib.Open(paths)
+	if err != nil {
+		return 0, "", fmt.Errorf("%w; %w", ErrNotFound, err)
 	}
-	return 0, "", fmt.Errorf("%w; tried %s", ErrNotFound, strings.Join(tried, "; "))
+	return h, path, nil
 }
 
 // bind stores the address of every symbol of table found in the library h (0 for the missing
@@ -287,39 +270,4 @@ func bind(h uintptr, table []symbol) []string {
 		}
 	}
 	return missing
-}
-
-// mappedFile returns the file mapped at addr, from /proc/self/maps: it turns "libnccl.so.2"
-// (found by the dynamic loader) into the real path that LibraryPath reports.
-func mappedFile(addr uintptr) (string, bool) {
-	data, err := os.ReadFile("/proc/self/maps")
-	if err != nil {
-		return "", false
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		// start-end perms offset dev inode path
-		fields := strings.Fields(line)
-		if len(fields) < 6 || !strings.HasPrefix(fields[5], "/") {
-			continue
-		}
-		lo, hi, ok := strings.Cut(fields[0], "-")
-		if !ok {
-			continue
-		}
-		start, err1 := strconv.ParseUint(lo, 16, 64)
-		end, err2 := strconv.ParseUint(hi, 16, 64)
-		if err1 == nil && err2 == nil && uint64(addr) >= start && uint64(addr) < end {
-			return fields[5], true
-		}
-	}
-	return "", false
-}
-
-// dlopen is purego.Dlopen on one OS thread: dlerror's reason for a failure belongs to the
-// thread that called dlopen, and the goroutine could otherwise move between the two calls and
-// report an empty reason.
-func dlopen(path string, mode int) (uintptr, error) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	return purego.Dlopen(path, mode)
 }
