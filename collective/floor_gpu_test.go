@@ -3,6 +3,7 @@ package collective_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -391,17 +392,23 @@ func benchForkJoin(b *testing.B, ws int, opts collective.Options, nbytes int, re
 
 // BenchmarkPushGrid measures where push's band ends: push with the default grid and with
 // Options.PushBlocks = ptx.MaxBlocks (capped by occupancy like any grid when ranks share a
-// GPU) against one-shot, 16 KiB to 1 MiB, in the fork/join harness (outputs not registered).
+// GPU) against one-shot, 16 KiB to 1 MiB, in the fork/join harness (outputs not registered);
+// and, up to 64 KiB (push's band), push with grids of 2, 4, 8 and 32 blocks.
 func BenchmarkPushGrid(b *testing.B) {
 	requireGPU(b)
 	variants := []struct {
 		name       string
 		algo       collective.Algorithm
 		pushBlocks int
-	}{{"oneshot", collective.OneShot, 0}, {"push", collective.Push, 0}, {"push-maxblocks", collective.Push, ptx.MaxBlocks}}
+	}{{"oneshot", collective.OneShot, 0}, {"push", collective.Push, 0}, {"push-maxblocks", collective.Push, ptx.MaxBlocks},
+		{"push-blocks2", collective.Push, 2}, {"push-blocks4", collective.Push, 4}, {"push-blocks8", collective.Push, 8},
+		{"push-blocks32", collective.Push, 32}}
 	for _, ws := range []int{2, 4, 8} {
 		for nbytes := 16 << 10; nbytes <= 1<<20; nbytes *= 2 {
 			for _, v := range variants {
+				if strings.HasPrefix(v.name, "push-blocks") && nbytes > 64<<10 {
+					continue
+				}
 				b.Run(fmt.Sprintf("ws%d/%s/%s", ws, sizeName(nbytes), v.name), func(b *testing.B) {
 					opts := collective.Options{Algorithm: v.algo, MaxBytes: int64(nbytes), PushMaxBytes: int64(nbytes),
 						PushBlocks: v.pushBlocks, Timeout: 50 * time.Millisecond}
