@@ -199,11 +199,12 @@ func PushParts(worldSize int) int {
 	return 2
 }
 
-// PushHeaderBytes is the header area at the start of every push receive slot: one 16-byte
-// call header per block (header[b] at byte VectorBytes*b of the slot), then the data.
-// Block b of the sender writes its call (CallWords with PushHeaderTag) into header[b] of
-// its slot in every receiver, and the receiver's block b compares it with its own call.
-const PushHeaderBytes = MaxBlocks * VectorBytes
+// PushHeaderBytes is the header at the start of every push receive slot, then the data.
+// Block 0 of the sender writes its call (CallWords with PushHeaderTag) into the header of
+// its slot in every receiver, and the receiver's block 0 compares it with its own call; the
+// header names the whole call, so the other blocks carry none (docs/kernel-abi.md, "Call
+// check").
+const PushHeaderBytes = VectorBytes
 
 // PushHeaderTag is the tag of the push call header's words (CallWords): any value whose
 // bits are not all zero, so that every word of a header that arrived is non-zero, which is

@@ -277,9 +277,10 @@ func TestCallCheckText(t *testing.T) {
 	}
 }
 
-// TestPushHeaderText checks the push call header in the text: lane s sends this rank's call
-// to header[b] of slot (t, rank) of rank s, the data follows the headers, and lane s checks
-// and re-arms rank s's header, and watches it while it waits for data.
+// TestPushHeaderText checks the push call header in the text: lane s of block 0 (alone)
+// sends this rank's call to header[0] of slot (t, rank) of rank s, the data follows the
+// headers, and lane s of block 0 checks and re-arms rank s's header, and watches it while it
+// waits for data.
 func TestPushHeaderText(t *testing.T) {
 	for _, s := range allSpecs() {
 		if s.Algo != Push {
@@ -300,6 +301,11 @@ func TestPushHeaderText(t *testing.T) {
 		assert.Equal(t, 1, strings.Count(text, "st.global.v4.b32 [%q], {%zero, %zero, %zero, %zero};"), name)
 		// the loop's end checks the header; give-ups skip it
 		assert.True(t, has(text, "@%p0 bra HEADER;"), name)
+		// block 0's lanes alone: the early load, the send, the check and the poll while waiting
+		lane := fmt.Sprintf("setp.eq.u32 %%p0, %%block, 0;\n\tsetp.lt.and.u32 %%p0, %%thread, %d, %%p0;", s.WorldSize)
+		assert.Equal(t, 4, strings.Count(text, lane), name)
+		assert.NotContains(t, text, "setp.lt.u32 %p0, %thread, "+fmt.Sprint(s.WorldSize)+";", name)
+		assert.NotContains(t, text, "mad.wide.u32 %q, %block, 16, %q;", "%s: header[0] only", name)
 	}
 }
 

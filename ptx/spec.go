@@ -156,8 +156,8 @@ type abiConsts struct {
 	StaleAfterNs                            int
 	FlagEarlyTrigger, FlagStageInput        int
 	PushParts                               int
-	// PushHeader is the bytes of call headers at the start of a push receive slot,
-	// PushTag the tag of their words.
+	// PushHeader is the bytes of the call header at the start of a push receive slot,
+	// PushTag the tag of its words.
 	PushHeader, PushTag int
 	// Done and Claim are the byte offsets of the error record's done and claim words.
 	Done, Claim int

@@ -68,16 +68,16 @@
 // compared bitwise to internal/ref.Push. The broken variants OneHalf (no
 // alternation) and DeferredTwoParts (deferral with two parts) must be caught
 // by a wrong sum or a deadlock. Call headers (PushConfig.Headers): lane s of
-// block b sends the call to header[b] of slot (t, rank) of rank s after its
+// block 0 sends the call to header[0] of slot (t, rank) of rank s after its
 // sends, and after its receives waits for rank s's header, compares it with
 // its own call and zeroes it, in the same call also where the data's re-arm is
 // deferred; Mismatches makes one rank send another call (same shape). Reports
-// must be exactly the differing pairs (ErrFalseMismatch, ErrMissedMismatch);
-// the broken HeadersNotRearmed must be caught by a false mismatch. Fused push
-// calls (PushConfig.Fused) send the same way but receive row by row, a row's
-// elements taken by one block or spread over several, never defer their re-arm
-// and do the one a plain call before them deferred; interleaved with plain
-// calls, every sum must still be right.
+// (block 0's) must be exactly the differing pairs (ErrFalseMismatch,
+// ErrMissedMismatch); the broken HeadersNotRearmed must be caught by a false
+// mismatch. Fused push calls (PushConfig.Fused) send the same way but receive
+// row by row, a row's elements taken by one block or spread over several, never
+// defer their re-arm and do the one a plain call before them deferred;
+// interleaved with plain calls, every sum must still be right.
 //
 // One-shot exit barrier and staging (OneShot). Between calls the buffer a rank's
 // peers read is overwritten by the next call's staging, which only waits for the
