@@ -387,9 +387,9 @@ func TestCallCheckBrokenCaught(t *testing.T) {
 	}
 }
 
-// TestPushCallHeaders: the push call headers, re-armed in the call that read them also where
-// the data's re-arm is deferred, never report equal calls and report every differing pair in
-// every block; never re-armed, a part's next use finds an earlier call's header.
+// TestPushCallHeaders: the push call headers (block 0's), re-armed in the call that read
+// them also where the data's re-arm is deferred, never report equal calls and report every
+// differing pair once; never re-armed, a part's next use finds an earlier call's header.
 func TestPushCallHeaders(t *testing.T) {
 	for _, v := range []PushVariant{Immediate, Deferred} {
 		for _, ranks := range []int{2, 3, 8} {
