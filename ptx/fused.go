@@ -378,9 +378,7 @@ func (k *kernel) CacheIndices() []int {
 
 // CacheWords names the four registers of vector u of a row cache whose registers are
 // prefix<4u> .. prefix<4u+3> (prefix "%rc", "%rd" or gamma's "%gc").
-func (k *kernel) CacheWords(prefix string, u int) []string {
-	return []string{fmt.Sprintf("%s%d", prefix, 4*u), fmt.Sprintf("%s%d", prefix, 4*u+1), fmt.Sprintf("%s%d", prefix, 4*u+2), fmt.Sprintf("%s%d", prefix, 4*u+3)}
-}
+func (k *kernel) CacheWords(prefix string, u int) []string { return vectorWords(prefix, u) }
 
 // PairRows names, for the columns kernel's two rows at once, each row's index register and
 // its cache's register prefix: row A (%row, %rc), then row B (%rowb, %rd).

@@ -221,14 +221,16 @@ func (k *kernel) PackedWords() []string {
 }
 
 // VecWords names the four registers of the r-th loaded vector.
-func (k *kernel) VecWords(r int) []string {
-	return []string{fmt.Sprintf("%%v%d", 4*r), fmt.Sprintf("%%v%d", 4*r+1), fmt.Sprintf("%%v%d", 4*r+2), fmt.Sprintf("%%v%d", 4*r+3)}
-}
+func (k *kernel) VecWords(r int) []string { return vectorWords("%v", r) }
 
 // StageVec names the four registers of the u-th vector of a pass of the one-shot "stage"
 // copy (%c<4u> .. %c<4u+3>).
-func (k *kernel) StageVec(u int) []string {
-	return []string{fmt.Sprintf("%%c%d", 4*u), fmt.Sprintf("%%c%d", 4*u+1), fmt.Sprintf("%%c%d", 4*u+2), fmt.Sprintf("%%c%d", 4*u+3)}
+func (k *kernel) StageVec(u int) []string { return vectorWords("%c", u) }
+
+// vectorWords names the four registers prefix<4u> .. prefix<4u+3> that hold vector u of a
+// register array.
+func vectorWords(prefix string, u int) []string {
+	return []string{fmt.Sprintf("%s%d", prefix, 4*u), fmt.Sprintf("%s%d", prefix, 4*u+1), fmt.Sprintf("%s%d", prefix, 4*u+2), fmt.Sprintf("%s%d", prefix, 4*u+3)}
 }
 
 // HalfWords reports whether an element is 16 bits, so that a message may end in the
