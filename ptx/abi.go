@@ -43,9 +43,10 @@ const (
 	// u32 ntid}): the shape of block b's previous push call if that call left its
 	// receive slots to be re-armed by the next one (its deferred re-arm), else zeros.
 	PushPendingOffset = 12544
-	// CallOffset is the byte offset of call[64 blocks] (4 u32 words each, CallWords): the
-	// call that block b of this rank made at its latest entry barrier, tagged with that
-	// barrier's round, for the peers' call check (one-shot and two-shot).
+	// CallOffset is the byte offset of call (4 u32 words, CallWords): the call that block 0
+	// of this rank made at its latest entry barrier, tagged with that barrier's round, for
+	// the peers' call check (one-shot and two-shot; block 0 alone checks). The 64 vectors
+	// from here up to FusedRowSyncOffset are reserved for it (only the first is used).
 	CallOffset = 13056
 )
 

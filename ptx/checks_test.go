@@ -236,9 +236,10 @@ func TestTailStores(t *testing.T) {
 	}
 }
 
-// TestCallCheckText checks the call check of the pull kernels in the text: thread 0 publishes
-// the call in the entry barrier before telling any peer, lane t loads rank t's call right
-// after the barrier and tests it before its next arrival, and a mismatch records both calls.
+// TestCallCheckText checks the call check of the pull kernels in the text, in block 0 alone:
+// thread 0 publishes the call in the entry barrier before telling any peer, lane t loads rank
+// t's call right after the barrier and tests it before its next arrival, and a mismatch
+// records both calls.
 func TestCallCheckText(t *testing.T) {
 	for _, s := range allSpecs() {
 		if s.Algo == Push {
@@ -246,9 +247,12 @@ func TestCallCheckText(t *testing.T) {
 		}
 		text := code(generate(t, s))
 		name := variantName(s)
-		publish := strings.Index(text, fmt.Sprintf("@%%first st.volatile.global.v4.b32 [%%cs+%d], {%%c0, %%c1, %%c2, %%c3};", CallOffset))
+		publish := strings.Index(text, fmt.Sprintf("@%%first st.volatile.global.v4.b32 [%%mine+%d], {%%c0, %%c1, %%c2, %%c3};", CallOffset))
 		require.Positive(t, publish, name)
 		assert.Equal(t, 1, strings.Count(text, "%first st."), name)
+		// block 0 alone: thread 0 of block 0 publishes, lanes of block 0 load and test
+		assert.True(t, has(text, "or.b32 %c0, %thread, %block;\n\tsetp.eq.u32 %first, %c0, 0;"), name)
+		assert.Equal(t, 2, strings.Count(text, "setp.lt.u32 %lane, %thread, "+strconv.Itoa(s.WorldSize)+";\n\tsetp.eq.and.u32 %lane, %block, 0, %lane;"), name)
 		// thread 0 tags the words with its round, and with system scope publishes before its flag
 		// store; with counting it has told the peers already, the check then waits for the words
 		round := strings.Index(text, "add.u32 %round, %round, 1;")

@@ -119,7 +119,7 @@ const (
 	// FusedRowSyncOffset is the byte offset, in the signal region, of fused_rows[MaxSplitRows]
 	// (u32): the arrivals of the blocks of a spread row, counted by atom.inc and back at 0 when
 	// the last one arrives, so that every call finds them 0 (the region is zeroed once at
-	// creation). It follows call[64 blocks].
+	// creation). It follows the call's 64 reserved vectors.
 	FusedRowSyncOffset = CallOffset + MaxBlocks*VectorBytes
 	// MaxSplitRows bounds the rows of a call (or, two-shot, of a rank's band) that the fused
 	// kernels spread over several blocks: at least two blocks each, at most MaxBlocks blocks.

@@ -445,7 +445,7 @@ func TestFusedPieces(t *testing.T) {
 			require.Equal(t, 1, n, "%+v: vector %d", tc, i)
 		}
 	}
-	assert.Equal(t, CallOffset+MaxBlocks*16, FusedRowSyncOffset, "right after call[64 blocks]")
+	assert.Equal(t, CallOffset+MaxBlocks*16, FusedRowSyncOffset, "right after the call's 64 reserved vectors")
 	assert.Equal(t, FusedRowSyncOffset+4*MaxSplitRows, FusedSumsOffset, "right after fused_rows")
 	assert.LessOrEqual(t, FusedSumsOffset+4*MaxPieces*MaxSplitRows, SignalBytes)
 }

@@ -268,8 +268,8 @@ type barrier struct {
 	// Chained: an earlier barrier of the same kernel left this lane's round in %round, so
 	// the round is that plus one, without reading the counter back from memory.
 	Chained bool
-	// Publish: thread 0 writes this rank's call, tagged with the round, into its call[b]
-	// for the peers' call check (the entry barrier).
+	// Publish: thread 0 of block 0 writes this rank's call, tagged with the round, into
+	// its call for the peers' call check (the entry barrier).
 	Publish bool
 	// Part: "" for the whole barrier; "arrive" or "wait" for its halves, in that order with
 	// other work between (a chained barrier without release: the split exit barrier).

@@ -459,7 +459,7 @@ func TestABILayout(t *testing.T) {
 	assert.LessOrEqual(t, PeerCounterOffset+4*2*MaxBlocks*MaxRanks, PushEpochOffset)
 	assert.LessOrEqual(t, PushEpochOffset+4*MaxBlocks, PushPendingOffset)
 	assert.LessOrEqual(t, PushPendingOffset+8*MaxBlocks, CallOffset)
-	assert.Zero(t, CallOffset%VectorBytes, "call[b] is one 16-byte vector")
+	assert.Zero(t, CallOffset%VectorBytes, "call is one 16-byte vector")
 	assert.LessOrEqual(t, CallOffset+VectorBytes*MaxBlocks, SignalBytes)
 	assert.Equal(t, 16*4, ErrRecordBytes)
 	assert.Less(t, ErrWordClaim, ErrRecordBytes/4)
@@ -484,6 +484,6 @@ func TestABILayout(t *testing.T) {
 	}
 	assert.True(t, bytes.Contains(push, []byte(fmt.Sprintf("[%%err+12], %%peer;\n\tst.global.u32 [%%err+16], %d;", PhasePush))))
 	one := generate(t, Spec{OneShot, dtype.Float32, 4, SM80, ScopeSystem})
-	assert.True(t, bytes.Contains(one, []byte(fmt.Sprintf("st.volatile.global.v4.b32 [%%cs+%d]", CallOffset))))
+	assert.True(t, bytes.Contains(one, []byte(fmt.Sprintf("st.volatile.global.v4.b32 [%%mine+%d]", CallOffset))))
 	assert.True(t, bytes.Contains(one, []byte(fmt.Sprintf("[%%cp+%d]", CallOffset))))
 }

@@ -17,13 +17,13 @@ type CallVariant int
 const (
 	// NoCallCheck runs the barriers alone.
 	NoCallCheck CallVariant = iota
-	// CallChecked is the one-shot and two-shot kernels' check: barriers pair up into calls
-	// (entry, then exit or middle). At the entry barrier lane 0 publishes the rank's call
-	// into call[b] as ptx.CallWords tagged with its round, four word stores that land late
-	// and in any order (no fence orders them before the arrival). After the barrier lane t
-	// loads rank t's four words one by one; before its next arrival it compares them with
-	// its own call tagged with its round: equal passes, another tag in any word loads again,
-	// the same tags with other bits is a mismatch.
+	// CallChecked is the one-shot and two-shot kernels' check, in block 0 alone: barriers
+	// pair up into calls (entry, then exit or middle). At block 0's entry barrier lane 0
+	// publishes the rank's call into call as ptx.CallWords tagged with its round, four word
+	// stores that land late and in any order (no fence orders them before the arrival).
+	// After the barrier lane t of block 0 loads rank t's four words one by one; before its
+	// next arrival it compares them with its own call tagged with its round: equal passes,
+	// another tag in any word loads again, the same tags with other bits is a mismatch.
 	CallChecked
 	// CallUntagged is deliberately broken: the words carry no round, so a peer's words of
 	// its previous call, still visible, count as its call: a false mismatch whenever two
@@ -61,12 +61,11 @@ func modelCall(c, rank, ranks int, mismatches []int) uint64 {
 	return ptx.Call{Op: ptx.OpAllReduce, Algo: ptx.OneShot, DType: dtype.BFloat16, Count: count}.Fingerprint()
 }
 
-// publisher is lane 0's publication of the call into call[b] of its own signal region: the
-// four word stores are pending until drain lets each through at a random later step of the
-// block, so that peers see them late, partly, and after the block's arrival.
+// publisher is lane 0's publication of the call into call of its own signal region (block
+// 0's): the four word stores are pending until drain lets each through at a random later
+// step of the block, so that peers see them late, partly, and after the block's arrival.
 type publisher struct {
 	own     *signal
-	b       int
 	rng     *rand.Rand
 	fp      uint64
 	variant CallVariant
@@ -87,7 +86,7 @@ func (p *publisher) publish(val uint32) {
 		}
 	}
 	for _, i := range p.rng.Perm(4) {
-		p.pending = append(p.pending, pendingStore{callWord(p.b, i), w[i]})
+		p.pending = append(p.pending, pendingStore{callWord(i), w[i]})
 	}
 }
 
@@ -118,17 +117,17 @@ type callChecker struct {
 	reports    []callReport
 }
 
-// load reads rank t's call[b] word by word, with the block's delays between the words (a
+// load reads rank t's call word by word, with the block's delays between the words (a
 // vector load that may see a store land in between). The lane of the own rank (t == rank)
 // also sees its block's pending stores: in the kernel the entry barrier's bar.red orders
 // thread 0's store before every lane's load after it.
-func (cc *callChecker) load(rank, t, b int, j *jitter, pub *publisher) [4]uint32 {
+func (cc *callChecker) load(rank, t int, j *jitter, pub *publisher) [4]uint32 {
 	var w [4]uint32
 	for i := range w {
-		w[i] = cc.m.sig[t][callWord(b, i)].Load()
+		w[i] = cc.m.sig[t][callWord(i)].Load()
 		if t == rank {
 			for _, st := range pub.pending {
-				if st.word == callWord(b, i) {
+				if st.word == callWord(i) {
 					w[i] = st.value
 				}
 			}
@@ -153,9 +152,10 @@ func (cc *callChecker) verdict(loaded, want [4]uint32) int {
 	return 2
 }
 
-// check runs lane t's test of call c of rank against the loaded words, loading again while
-// rank t's words of round val are not all visible. It returns false when the run stopped.
-func (cc *callChecker) check(rank, b, t, c int, val uint32, loaded [4]uint32, j *jitter, pub *publisher) bool {
+// check runs lane t's test of call c of rank (in block 0) against the loaded words, loading
+// again while rank t's words of round val are not all visible. It returns false when the run
+// stopped.
+func (cc *callChecker) check(rank, t, c int, val uint32, loaded [4]uint32, j *jitter, pub *publisher) bool {
 	want := ptx.CallWords(modelCall(c, rank, len(cc.m.sig), cc.mismatches), uint16(val))
 	if cc.variant == CallUntagged {
 		for i := range want {
@@ -169,7 +169,7 @@ func (cc *callChecker) check(rank, b, t, c int, val uint32, loaded [4]uint32, j 
 			return true
 		case 2:
 			cc.mu.Lock()
-			cc.reports = append(cc.reports, callReport{rank, b, t, c})
+			cc.reports = append(cc.reports, callReport{rank, 0, t, c})
 			cc.mu.Unlock()
 			return true
 		}
@@ -178,27 +178,28 @@ func (cc *callChecker) check(rank, b, t, c int, val uint32, loaded [4]uint32, j 
 			cc.m.run.unpub.Add(1)
 		}
 		if cc.m.run.stopped() {
-			cc.m.run.blocked(Wait{Rank: rank, Block: b, Peer: t, Slot: fmt.Sprintf("call[%d] of rank %d", b, t),
-				Want: want[0], Holds: cc.m.sig[t][callWord(b, 0)].Load()})
+			cc.m.run.blocked(Wait{Rank: rank, Block: 0, Peer: t, Slot: fmt.Sprintf("call of rank %d", t),
+				Want: want[0], Holds: cc.m.sig[t][callWord(0)].Load()})
 			return false
 		}
 		j.idle()
-		loaded = cc.load(rank, t, b, j, pub)
+		loaded = cc.load(rank, t, j, pub)
 	}
 }
 
-// result compares the reports with the mismatches the run made (see compareReports).
-func (cc *callChecker) result(ranks, blocks, calls int) error {
+// result compares the reports with the mismatches the run made (see compareReports): block
+// 0's, the one block that checks.
+func (cc *callChecker) result(ranks, calls int) error {
 	cc.mu.Lock()
 	got := slices.Clone(cc.reports)
 	cc.mu.Unlock()
-	return compareReports("call check ("+cc.variant.String()+")", got, cc.mismatches, ranks, blocks, calls)
+	return compareReports("call check ("+cc.variant.String()+")", got, cc.mismatches, ranks, calls)
 }
 
 // compareReports checks the mismatches a run reported against those it made in its first
-// calls calls: every rank pair with different calls reported by both ranks in every block,
-// and nothing else.
-func compareReports(what string, got []callReport, mismatches []int, ranks, blocks, calls int) error {
+// calls calls: every rank pair with different calls reported by both ranks in block 0 (the
+// one block that checks), and nothing else.
+func compareReports(what string, got []callReport, mismatches []int, ranks, calls int) error {
 	var want []callReport
 	for _, c := range mismatches {
 		if c >= calls {
@@ -209,9 +210,7 @@ func compareReports(what string, got []callReport, mismatches []int, ranks, bloc
 			if r == odd {
 				continue
 			}
-			for b := range blocks {
-				want = append(want, callReport{r, b, odd, c}, callReport{odd, b, r, c})
-			}
+			want = append(want, callReport{r, 0, odd, c}, callReport{odd, 0, r, c})
 		}
 	}
 	cmp := func(a, b callReport) int {

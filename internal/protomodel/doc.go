@@ -38,8 +38,9 @@
 // barrier ahead and must be caught deadlocking.
 //
 // Call check (BarrierConfig.Calls; one-shot and two-shot). Barriers pair up into
-// calls. At a call's entry barrier lane 0 publishes the rank's call fingerprint
-// into call[b] as ptx.CallWords tagged with its round: four word stores that
+// calls. Block 0 alone checks (the other blocks only pass their barriers). At a
+// call's entry barrier its lane 0 publishes the rank's call fingerprint
+// into call as ptx.CallWords tagged with its round: four word stores that
 // stay pending and land one by one at random later steps of the block, so peers
 // may see none, some or all of them after the block's arrival (no fence orders
 // them). After the barrier lane t loads rank t's words one by one; before its
@@ -48,7 +49,7 @@
 // a mismatch. Calls change from one call to the next, and Mismatches makes one
 // rank differ in chosen calls. The run fails with ErrFalseMismatch for any
 // report of equal calls and ErrMissedMismatch unless every pair of differing
-// ranks reported each other in every block; Stats.Unpublished counts checks
+// ranks reported each other in block 0; Stats.Unpublished counts checks
 // that met a call not yet visible. The broken variants CallUntagged (words
 // without the round: a peer's previous call counts as its call) and CallLate
 // (loaded and tested after the next arrival: the peer may have published its

@@ -234,7 +234,7 @@ func Push(ctx context.Context, cfg PushConfig) (Stats, error) {
 	if err == nil {
 		m.mu.Lock()
 		// block 0 alone checks headers: every mismatch is reported by it, once
-		err = compareReports("push call headers ("+cfg.Headers.String()+")", m.reports, cfg.Mismatches, cfg.Ranks, 1, cfg.Rounds)
+		err = compareReports("push call headers ("+cfg.Headers.String()+")", m.reports, cfg.Mismatches, cfg.Ranks, cfg.Rounds)
 		m.mu.Unlock()
 	}
 	return st, err

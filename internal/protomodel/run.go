@@ -41,8 +41,8 @@ func pushEpochWord(b int) int { return ptx.PushEpochOffset/4 + b }
 // pushPendingWord is push_pending[b][i]: i = 0 the element count, 1 the block size.
 func pushPendingWord(b, i int) int { return ptx.PushPendingOffset/4 + 2*b + i }
 
-// callWord is word i (0..3) of call[b], the call block b published with its entry barrier.
-func callWord(b, i int) int { return ptx.CallOffset/4 + 4*b + i }
+// callWord is word i (0..3) of call, the call block 0 published with its entry barrier.
+func callWord(i int) int { return ptx.CallOffset/4 + i }
 
 // newSignals returns one zeroed signal region per rank, as created.
 func newSignals(ranks int) []*signal {
