@@ -138,7 +138,7 @@ func newComm(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Opt
 		}
 	}()
 	if c.ctx, err = driver.PrimaryContext(dev); err != nil {
-		return c, fmt.Errorf("collective: rank %d: context of device %d: %w", c.rank, device, err)
+		return c, fmt.Errorf("collective: rank %d: context of device %d: %w%s", c.rank, device, err, contextHint(err))
 	}
 	c.step(StartupContext, t)
 	c.work = workTracker{ctx: c.ctx, events: map[uintptr]*driver.Event{}}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 
 	"github.com/goccl/goccl/driver"
 	"github.com/goccl/goccl/internal/topology"
@@ -41,6 +42,25 @@ var (
 // MaxConnectionsEnv is the CUDA environment variable that sets how many hardware queues a
 // process gets per GPU; virtual ranks need one per rank (see NewGroup).
 const MaxConnectionsEnv = "CUDA_DEVICE_MAX_CONNECTIONS"
+
+// defaultConnections is the number of hardware queues CUDA gives a process per GPU when
+// MaxConnectionsEnv is not set.
+const defaultConnections = 8
+
+// contextHint is what to add to the error of a context the driver refused with err: under MPS
+// the server takes every client process's hardware queues (MaxConnectionsEnv) out of the
+// GPU's fixed number, and refuses a process it has none left for with
+// CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED or CUDA_ERROR_OUT_OF_MEMORY. On an H200 under MPS,
+// four processes of one rank each with CUDA_DEVICE_MAX_CONNECTIONS=32 got both errors, and
+// started without it. Empty where the variable does not ask for more than CUDA's default.
+func contextHint(err error) string {
+	n, convErr := strconv.Atoi(os.Getenv(MaxConnectionsEnv))
+	if convErr != nil || n <= defaultConnections || !errors.Is(err, driver.ErrMPSLimit) && !errors.Is(err, driver.ErrOutOfMemory) {
+		return ""
+	}
+	return fmt.Sprintf(" (%s=%d here: under MPS every process's hardware queues count against the GPU's limit; a process with one rank needs no more than CUDA's default of %d: unset it for such processes, keep it only where a process runs virtual ranks)",
+		MaxConnectionsEnv, n, defaultConnections)
+}
 
 // ErrorCode says what a kernel recorded: ptx.ErrCodeTimeout, ptx.ErrCodeUnfilledSlot or
 // ptx.ErrCodeMismatch.

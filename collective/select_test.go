@@ -206,6 +206,26 @@ func TestArenaLayout(t *testing.T) {
 	}
 }
 
+// TestContextHint: a context refused for MPS's limits or memory, with more hardware queues
+// asked for than CUDA's default, says to unset CUDA_DEVICE_MAX_CONNECTIONS in one-rank
+// processes; any other refusal or setting adds nothing.
+func TestContextHint(t *testing.T) {
+	connections := &driver.Error{Op: "cuDevicePrimaryCtxRetain", Code: 809}
+	memory := &driver.Error{Op: "cuDevicePrimaryCtxRetain", Code: 2}
+	other := &driver.Error{Op: "cuDevicePrimaryCtxRetain", Code: 999}
+	t.Setenv(MaxConnectionsEnv, "32")
+	for _, err := range []error{connections, memory} {
+		hint := contextHint(err)
+		assert.Contains(t, hint, MaxConnectionsEnv+"=32 here: under MPS")
+		assert.Contains(t, hint, "unset it")
+	}
+	assert.Empty(t, contextHint(other))
+	for _, v := range []string{"8", "4", "many", ""} {
+		t.Setenv(MaxConnectionsEnv, v)
+		assert.Empty(t, contextHint(connections), "%s=%q", MaxConnectionsEnv, v)
+	}
+}
+
 func TestKernelErrorMessages(t *testing.T) {
 	e := &KernelError{Code: ptx.ErrCodeTimeout, Rank: 2, Block: 5, Peer: 7, Phase: ptx.PhaseEntry}
 	assert.ErrorIs(t, e, ErrTimeout)

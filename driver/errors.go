@@ -136,6 +136,9 @@ var (
 	ErrStreamCapture = errors.New("stream capture error")
 	// ErrTimeout: a wait with a deadline expired (Stream.Wait, Event.Wait), or CUDA_ERROR_TIMEOUT.
 	ErrTimeout = errors.New("timeout")
+	// ErrMPSLimit: the MPS server has no room for another client process or for its hardware
+	// queues (CUDA_ERROR_MPS_MAX_CLIENTS_REACHED, CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED).
+	ErrMPSLimit = errors.New("MPS client or connection limit reached")
 )
 
 // sentinel returns the sentinel error that code r matches, or nil.
@@ -175,6 +178,8 @@ func sentinel(r Result) error {
 		return ErrStreamCapture
 	case r == 909:
 		return ErrTimeout
+	case r == 808 || r == 809:
+		return ErrMPSLimit
 	}
 	return nil
 }

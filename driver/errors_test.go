@@ -35,7 +35,7 @@ func TestErrorIs(t *testing.T) {
 		700: {ErrIllegalAddress, ErrContextLost}, 719: {ErrLaunchFailed, ErrContextLost},
 		701: {ErrLaunchOutOfResources}, 600: {ErrNotReady}, 500: {ErrNotFound},
 		900: {ErrStreamCapture}, 904: {ErrStreamCapture}, 907: {ErrStreamCapture}, 908: {ErrStreamCapture},
-		909: {ErrTimeout},
+		909: {ErrTimeout}, 808: {ErrMPSLimit}, 809: {ErrMPSLimit},
 		// The codes after which cuda.h says the process must restart to use CUDA.
 		226: {ErrContextLost}, 702: {ErrContextLost}, 710: {ErrContextLost}, 714: {ErrContextLost},
 		715: {ErrContextLost}, 716: {ErrContextLost}, 717: {ErrContextLost}, 718: {ErrContextLost},
@@ -46,7 +46,8 @@ func TestErrorIs(t *testing.T) {
 	all := []error{ErrNoDriver, ErrNoDevice, ErrNotSupported, ErrInvalidValue, ErrOutOfMemory,
 		ErrInvalidContext, ErrInvalidPTX, ErrUnsupportedPTXVersion, ErrPeerAccessUnsupported,
 		ErrPeerAccessAlreadyEnabled, ErrIllegalAddress, ErrLaunchFailed, ErrLaunchOutOfResources,
-		ErrNotReady, ErrNotFound, ErrStreamCapture, ErrTimeout, ErrContextLost, ErrNotDeviceMemory}
+		ErrNotReady, ErrNotFound, ErrStreamCapture, ErrTimeout, ErrContextLost, ErrNotDeviceMemory,
+		ErrMPSLimit}
 	for code, want := range cases {
 		err := fmt.Errorf("context: %w", &Error{Op: "cuX", Code: code})
 		for _, s := range all {
