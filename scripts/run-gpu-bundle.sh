@@ -34,7 +34,9 @@ with_mps() { # run "$@" with an MPS daemon if one can be started
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
     if nvidia-cuda-mps-control -d; then
       echo "MPS daemon started"
-      "$@"; local rc=$?
+      # One rank a process: more hardware queues than CUDA's default would only use up the
+      # MPS server's (a caller's CUDA_DEVICE_MAX_CONNECTIONS=32 got four processes refused)
+      (unset CUDA_DEVICE_MAX_CONNECTIONS; "$@"); local rc=$?
       echo quit | nvidia-cuda-mps-control
       unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
       return $rc
