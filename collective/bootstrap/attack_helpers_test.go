@@ -40,6 +40,25 @@ func openFDs(t *testing.T) int {
 	return len(ents)
 }
 
+// settledFDs counts this process's open descriptors once the count has held still for 100 ms
+// (at most two seconds): a warm-up's goroutines close theirs a moment after its calls return,
+// and a count taken before that would make the next run look as if it closed one too many.
+func settledFDs(t *testing.T) int {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	got, still := openFDs(t), 0
+	for still < 5 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+		n := openFDs(t)
+		if n == got {
+			still++
+		} else {
+			got, still = n, 0
+		}
+	}
+	return got
+}
+
 // assertNoFDLeak asserts that the process is back to want open descriptors. The goroutines of
 // a finished exchange (a fake root's listener, say) close theirs a moment after the calls
 // return, so the count is read until it matches, for at most two seconds.

@@ -494,7 +494,7 @@ func TestGarbageDoesNotFailTheJob(t *testing.T) {
 				}
 			}
 			t.Run("warm-up", exercise) // opens what the runtime keeps open
-			fds, bytes := openFDs(t), allocated()
+			fds, bytes := settledFDs(t), allocated()
 			t.Run("counted", exercise)
 			assertNoFDLeak(t, fds)
 			assert.Less(t, allocated()-bytes, uint64(64<<20), "a frame's announced size was allocated")
@@ -703,7 +703,7 @@ func TestUnexpectedFDsClosed(t *testing.T) {
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) {
 			t.Run("warm-up", func(t *testing.T) { run(t, sc) }) // the runtime's own descriptors
-			before := openFDs(t)
+			before := settledFDs(t)
 			t.Run("counted", func(t *testing.T) { run(t, sc) })
 			assertNoFDLeak(t, before)
 		})
