@@ -110,20 +110,52 @@ const (
 	// On an H200 with 8 virtual ranks the release/acquire scope alone took about 1.2 us off a
 	// two-shot all-reduce.
 	ScopeGPU
+	// ScopeSystemCounted reaches threads anywhere in the system, as ScopeSystem, and counts
+	// arrivals with system-scope atomic adds on the peers' signal regions (red.relaxed.sys,
+	// red.release.sys / ld.acquire.sys), as ScopeGPU counts them: a rank tells its peers it
+	// has arrived before it has read its round number. It is correct where the GPU of every
+	// rank performs atomics natively on every other rank's memory: GPUs linked by NVLink, or
+	// one GPU. Across PCIe, where peer atomics are not native, ScopeSystem's stores are the
+	// protocol.
+	ScopeSystemCounted
 )
 
-// String returns the PTX spelling of the scope: "sys" or "gpu".
+// String names the scope: "sys", "gpu" or "syscount".
 func (s Scope) String() string {
 	switch s {
 	case ScopeSystem:
 		return "sys"
 	case ScopeGPU:
 		return "gpu"
+	case ScopeSystemCounted:
+		return "syscount"
 	}
 	return fmt.Sprintf("scope(%d)", int(s))
 }
 
-func (s Scope) valid() bool { return s == ScopeSystem || s == ScopeGPU }
+// PTX returns the scope qualifier of the kernels' release, acquire and atomic instructions:
+// "sys" for both system scopes, "gpu" for ScopeGPU.
+func (s Scope) PTX() string {
+	if s == ScopeGPU {
+		return "gpu"
+	}
+	return "sys"
+}
+
+// Counted reports whether the barriers count arrivals with atomic adds (ScopeGPU,
+// ScopeSystemCounted) rather than store round numbers (ScopeSystem).
+func (s Scope) Counted() bool { return s == ScopeGPU || s == ScopeSystemCounted }
+
+// suffix is what a kernel's entry name carries for the scope: nothing for ScopeSystem, the
+// zero value.
+func (s Scope) suffix() string {
+	if s == ScopeSystem {
+		return ""
+	}
+	return "_" + s.String()
+}
+
+func (s Scope) valid() bool { return s == ScopeSystem || s == ScopeGPU || s == ScopeSystemCounted }
 
 // Scopes lists every scope, in a fixed order.
-var Scopes = []Scope{ScopeSystem, ScopeGPU}
+var Scopes = []Scope{ScopeSystem, ScopeGPU, ScopeSystemCounted}

@@ -191,7 +191,7 @@ func ColumnsTmpBytes(worldSize, rows, rowVectors int) int64 {
 // reduces and norms every row), TwoShot (each rank its band of rows, then an all-gather of
 // the finished rows) or Push (every rank sends its rows into every rank's push receive
 // buffer, then reduces and norms every row, without a barrier), for one element type, world
-// size, target and barrier scope. Push has no barrier: its kernel is the same in both scopes
+// size, target and barrier scope. Push has no barrier: its kernel is the same in every scope
 // (only the name differs), and collective loads the ScopeSystem one.
 type FusedSpec struct {
 	Algo      Algorithm // OneShot, TwoShot or Push
@@ -237,17 +237,13 @@ func (s FusedSpec) Validate() error {
 }
 
 // EntryName returns the kernel's .entry name, goccl_fused_<algo>_<dtype>_w<ws>, with
-// <algo> "oneshot_rc" for RowCache and "_gpu" appended for ScopeGPU.
+// <algo> "oneshot_rc" for RowCache and the scope's suffix appended as Spec.EntryName does.
 func (s FusedSpec) EntryName() string {
 	algo := s.Algo.String()
 	if s.RowCache {
 		algo += "_rc"
 	}
-	name := fmt.Sprintf("goccl_fused_%s_%s_w%d", algo, s.DType, s.WorldSize)
-	if s.Scope == ScopeGPU {
-		name += "_gpu"
-	}
-	return name
+	return fmt.Sprintf("goccl_fused_%s_%s_w%d%s", algo, s.DType, s.WorldSize, s.Scope.suffix())
 }
 
 // Params returns the kernel's parameter list: FusedPushParams for Push, else FusedParams.

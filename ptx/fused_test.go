@@ -43,14 +43,16 @@ func allFusedSpecs() []FusedSpec {
 
 func TestFusedEntrySignature(t *testing.T) {
 	specs := allFusedSpecs()
-	// the one-shot with RowCache too: 2 scopes, up to MaxRowCacheRanks ranks
+	// a world size's one-shot, Columns and two-shot in every scope, push in one, and the
+	// one-shot with RowCache in every scope up to MaxRowCacheRanks ranks; three element types
+	// and two targets each
 	cached := 0
 	for _, ws := range testWorldSizes {
 		if ws <= MaxRowCacheRanks {
 			cached++
 		}
 	}
-	want := (7*len(testWorldSizes) + 2*cached) * 3 * 2 // Columns in both scopes too
+	want := ((3*len(Scopes)+1)*len(testWorldSizes) + len(Scopes)*cached) * 3 * 2
 	require.Len(t, specs, want)
 	names := map[string]bool{}
 	for _, s := range specs {

@@ -20,10 +20,12 @@ type Spec struct {
 	WorldSize int    // ranks of the communicator, 2..MaxRanks
 	Target    Target // see TargetFor
 	// Scope of the one-shot and two-shot barriers: ScopeSystem stores round numbers into
-	// the peers' flags, ScopeGPU counts arrivals with atomic adds and makes the two-shot's
-	// release/acquire GPU-scope (docs/kernel-abi.md, "Barrier"). Push has no barrier and is
-	// the same in both. The zero value, ScopeSystem, is always correct; ScopeGPU only when
-	// every rank is on one device.
+	// the peers' flags, ScopeSystemCounted counts arrivals with system-scope atomic adds,
+	// ScopeGPU counts them with GPU-scope ones and makes the two-shot's release/acquire
+	// GPU-scope (docs/kernel-abi.md, "Barrier"). Push has no barrier and is the same in all
+	// three. The zero value, ScopeSystem, is always correct; ScopeSystemCounted where every
+	// rank's GPU has native atomics on every other's memory; ScopeGPU only when every rank is
+	// on one device.
 	Scope Scope
 }
 
@@ -43,20 +45,17 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("kernel spec: unknown target %d: use ptx.SM80 or ptx.SM90 (see ptx.TargetFor)", int(s.Target))
 	}
 	if !s.Scope.valid() {
-		return fmt.Errorf("kernel spec: unknown scope %d: use ptx.ScopeSystem or ptx.ScopeGPU", int(s.Scope))
+		return fmt.Errorf("kernel spec: unknown scope %d: use ptx.ScopeSystem, ptx.ScopeGPU or ptx.ScopeSystemCounted", int(s.Scope))
 	}
 	return nil
 }
 
 // EntryName returns the kernel's .entry name, goccl_<algo>_<dtype>_w<ws>,
-// e.g. "goccl_oneshot_bf16_w8", with "_gpu" appended for ScopeGPU (so that a
-// profile tells the two apart). Both targets use the same name.
+// e.g. "goccl_oneshot_bf16_w8", with "_gpu" appended for ScopeGPU and "_syscount" for
+// ScopeSystemCounted (so that a profile tells the scopes apart). Both targets use the same
+// name.
 func (s Spec) EntryName() string {
-	name := fmt.Sprintf("goccl_%s_%s_w%d", s.Algo, s.DType, s.WorldSize)
-	if s.Scope == ScopeGPU {
-		name += "_gpu"
-	}
-	return name
+	return fmt.Sprintf("goccl_%s_%s_w%d%s", s.Algo, s.DType, s.WorldSize, s.Scope.suffix())
 }
 
 // Generate returns the PTX module of the kernel: text without NUL bytes (the
@@ -122,9 +121,9 @@ type kernel struct {
 	DType  string // "bf16", "f16" or "f32"
 	Target string // "sm_80" or "sm_90"
 	PDL    bool   // programmatic dependent launch (griddepcontrol), sm_90 only
-	Scope  string // "sys" or "gpu": the scope of the release/acquire barriers
-	// Counting: every rank is on this GPU (ScopeGPU), so the barriers count arrivals with
-	// atomic adds (red.add) instead of storing round numbers
+	Scope  string // "sys" or "gpu": the scope of the barriers' release, acquire and atomics
+	// Counting: the barriers count arrivals with atomic adds (red.add) instead of storing
+	// round numbers (ScopeGPU, ScopeSystemCounted)
 	Counting bool
 	WS       int
 	Ranks    []int // 0..WS-1, the unrolled rank loops
@@ -181,8 +180,8 @@ func newKernel(s Spec) *kernel {
 		DType:      s.DType.String(),
 		Target:     s.Target.String(),
 		PDL:        s.Target == SM90,
-		Scope:      s.Scope.String(),
-		Counting:   s.Scope == ScopeGPU,
+		Scope:      s.Scope.PTX(),
+		Counting:   s.Scope.Counted(),
 		WS:         s.WorldSize,
 		Rotated:    s.Algo == TwoShot,
 		DeferRearm: s.Algo == Push && s.WorldSize >= DeferRearmMinRanks,

@@ -50,13 +50,13 @@ func generate(t *testing.T, s Spec) []byte {
 
 func TestAllSpecsCount(t *testing.T) {
 	specs := allSpecs()
-	require.Len(t, specs, 3*3*len(testWorldSizes)*2*2)
+	require.Len(t, specs, 3*3*len(testWorldSizes)*2*len(Scopes))
 	names := map[string]bool{}
 	for _, s := range specs {
 		require.NoError(t, s.Validate())
 		names[variantName(s)] = true
 	}
-	assert.Len(t, names, 3*3*len(testWorldSizes)*2*2, "every variant has its own name and target")
+	assert.Len(t, names, 3*3*len(testWorldSizes)*2*len(Scopes), "every variant has its own name and target")
 }
 
 // TestEntrySignature checks the catalog against the PTX: the .entry of every
@@ -199,10 +199,10 @@ func TestMemoryOrder(t *testing.T) {
 		release := strings.Count(text, "st.release.sys.global.u32 [%flag")
 		// every error record ends with two system-scope release stores (done, then the code)
 		records := strings.Count(text, fmt.Sprintf("atom.global.cas.b32 %%old, [%%err+%d], 0, 1;", 4*ErrWordClaim))
-		relaxedAdds := strings.Count(text, "red.relaxed.gpu.global.add.u32")
-		acquire := strings.Count(text, "ld.acquire."+s.Scope.String()+".global.u32")
-		if s.Scope == ScopeGPU {
-			release = strings.Count(text, "red.release.gpu.global.add.u32")
+		relaxedAdds := strings.Count(text, "red.relaxed."+s.Scope.PTX()+".global.add.u32")
+		acquire := strings.Count(text, "ld.acquire."+s.Scope.PTX()+".global.u32")
+		if s.Scope.Counted() {
+			release = strings.Count(text, "red.release."+s.Scope.PTX()+".global.add.u32")
 			assert.Zero(t, flagStores, name)
 			flagStores = relaxedAdds
 		} else {
@@ -225,7 +225,7 @@ func TestMemoryOrder(t *testing.T) {
 			// (predicated, beside the volatile ones) after a fence before the flag (TestStageText);
 			// a counting one polls once before its spin loop too
 			acquires := 1
-			if s.Scope == ScopeGPU {
+			if s.Scope.Counted() {
 				acquires = 2
 			}
 			assert.Equal(t, [5]int{0, acquires, 2, 2, 1}, got, name)
@@ -350,7 +350,7 @@ func TestValidate(t *testing.T) {
 		{Spec{OneShot, dtype.BFloat16, 1, SM90, ScopeSystem}, "world size 1 out of range"},
 		{Spec{OneShot, dtype.BFloat16, 17, SM90, ScopeSystem}, "world size 17 out of range"},
 		{Spec{OneShot, dtype.BFloat16, 8, 75, ScopeSystem}, "unknown target 75"},
-		{Spec{OneShot, dtype.BFloat16, 8, SM90, ScopeGPU + 1}, "unknown scope 2"},
+		{Spec{OneShot, dtype.BFloat16, 8, SM90, ScopeSystemCounted + 1}, "unknown scope 3"},
 	}
 	for _, c := range cases {
 		err := c.spec.Validate()
@@ -367,12 +367,14 @@ func TestEntryName(t *testing.T) {
 	assert.Equal(t, "goccl_twoshot_f32_w3", Spec{TwoShot, dtype.Float32, 3, SM80, ScopeSystem}.EntryName())
 	assert.Equal(t, "goccl_push_f16_w16", Spec{Push, dtype.Float16, 16, SM90, ScopeSystem}.EntryName())
 	assert.Equal(t, "goccl_twoshot_bf16_w8_gpu", Spec{TwoShot, dtype.BFloat16, 8, SM90, ScopeGPU}.EntryName())
-	assert.Equal(t, []string{"sys", "gpu"}, []string{ScopeSystem.String(), ScopeGPU.String()})
+	assert.Equal(t, "goccl_oneshot_f16_w4_syscount", Spec{OneShot, dtype.Float16, 4, SM90, ScopeSystemCounted}.EntryName())
+	assert.Equal(t, []string{"sys", "gpu", "syscount"}, []string{ScopeSystem.String(), ScopeGPU.String(), ScopeSystemCounted.String()})
+	assert.Equal(t, []string{"sys", "gpu", "sys"}, []string{ScopeSystem.PTX(), ScopeGPU.PTX(), ScopeSystemCounted.PTX()})
 }
 
-// TestScope checks that the scope changes only the release/acquire barriers: one-shot and
-// push are the same instructions in both scopes, two-shot differs in exactly its four
-// release/acquire flags.
+// TestScope checks that the scope changes only the barriers: push is the same instructions
+// in every scope, the data path of one-shot and two-shot is, and the counted system-scope
+// kernels are the GPU-scope ones with their scope qualifiers widened to the system.
 func TestScope(t *testing.T) {
 	// the instructions only: comments are removed and the lines they leave blank dropped
 	instructions := func(s Spec) []string {
@@ -417,6 +419,19 @@ func TestScope(t *testing.T) {
 				t.Errorf("%s: system scope outside the error record: %s", variantName(gpu), l)
 			}
 		}
+		// the counted system-scope kernel is the GPU-scope one with every scope qualifier
+		// widened to the system: the same protocol, instruction for instruction
+		counted := s
+		counted.Scope = ScopeSystemCounted
+		widened := instructions(counted)
+		for i := range widened {
+			widened[i] = strings.ReplaceAll(widened[i], counted.EntryName(), s.EntryName())
+		}
+		for i := range other {
+			other[i] = strings.ReplaceAll(other[i], ".gpu.", ".sys.")
+			other[i] = strings.ReplaceAll(other[i], "fence.acq_rel.gpu;", "fence.acq_rel.sys;")
+		}
+		assert.Equal(t, other, widened, variantName(counted))
 	}
 }
 

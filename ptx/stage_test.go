@@ -62,7 +62,7 @@ func TestStageText(t *testing.T) {
 	for _, s := range allSpecs() {
 		text := instructions(generate(t, s))
 		name := variantName(s)
-		scope := s.Scope.String()
+		scope := s.Scope.PTX()
 		fence := fmt.Sprintf("@%%stage fence.acq_rel.%s;", scope)
 		if s.Algo != OneShot {
 			assert.NotContains(t, text, "%stage", name)
@@ -98,8 +98,8 @@ func TestStageText(t *testing.T) {
 		assert.Equal(t, 1, strings.Count(text, "fence."), name)
 		assert.Equal(t, 1, strings.Count(text, fence), name)
 		tell := "st.volatile.global.u32 [%flag+"
-		if s.Scope == ScopeGPU {
-			tell = "red.relaxed.gpu.global.add.u32 [%flag+"
+		if s.Scope.Counted() {
+			tell = "red.relaxed." + scope + ".global.add.u32 [%flag+"
 		}
 		assert.True(t, strings.HasPrefix(nextInstruction(t, text, fence, name), tell), name)
 		exit := strings.LastIndex(text, lanes)
@@ -107,7 +107,7 @@ func TestStageText(t *testing.T) {
 		acquire := fmt.Sprintf("@%%stage ld.acquire.%s.global.u32 %%seen, [%%flag+%d];", scope, PeerCounterOffset)
 		volatile := fmt.Sprintf("@!%%stage ld.volatile.global.u32 %%seen, [%%flag+%d];", PeerCounterOffset)
 		polls := 1
-		if s.Scope == ScopeGPU {
+		if s.Scope.Counted() {
 			polls = 2 // the first poll before the spin loop too
 		}
 		assert.Equal(t, polls, strings.Count(text[entry:exit], acquire), name)
