@@ -91,8 +91,9 @@ type ipcKey struct {
 
 // New creates this process's rank of a communicator on the CUDA device with the given
 // ordinal. Every rank calls New with the same options; boot connects them (see package
-// bootstrap) and is owned by the Comm afterwards (closed by Close). New fails, rather than
-// hangs, when a rank does not join before ctx ends.
+// bootstrap) and is owned by the Comm afterwards: Close closes it, and so does New when it
+// fails, so that the other ranks' New fails at once too. New fails, rather than hangs, when a
+// rank does not join before ctx ends.
 //
 // The ranks' GPUs get the policy of NewGroup: rank 0 checks that they reach each other and,
 // for more than two, that NVLink links them all. goccl's kernels serve 2 to 16 ranks on one
@@ -110,6 +111,14 @@ func newComm(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Opt
 	if boot == nil {
 		return nil, invalid("nil bootstrap")
 	}
+	// boot is the communicator's from here on, also when New fails: closing it then makes the
+	// peers' calls fail at once (bootstrap.ErrPeerLost) rather than wait out their deadlines.
+	// After release closes it, this second Close is a no-op (the Bootstrap contract).
+	defer func() {
+		if err != nil {
+			boot.Close()
+		}
+	}()
 	opts, err = opts.withDefaults()
 	if err != nil {
 		return nil, err

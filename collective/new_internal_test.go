@@ -1,0 +1,29 @@
+package collective
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/goccl/goccl/collective/bootstrap"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestNewFailureClosesBootstrap: a New that fails before it has a communicator (here a bad
+// option, refused before any driver call) still closes its bootstrap, so that the peer
+// learns at once that this rank is gone instead of waiting for its deadline.
+func TestNewFailureClosesBootstrap(t *testing.T) {
+	boots, err := bootstrap.NewInProcess(2)
+	require.NoError(t, err)
+	defer boots[1].Close()
+	_, err = New(context.Background(), 0, boots[0], Options{MaxBytes: 17})
+	require.ErrorIs(t, err, ErrInvalidArgument)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	err = boots[1].Barrier(ctx)
+	assert.ErrorIs(t, err, bootstrap.ErrPeerLost)
+	assert.Less(t, time.Since(start), 5*time.Second, "the peer waited for its deadline")
+}
