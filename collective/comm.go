@@ -409,6 +409,9 @@ func (c *Comm) initCustom(ctx context.Context, infos []rankInfo, fd int) error {
 	if c.opts.IPC == memory.VMM {
 		t := time.Now()
 		if fds, err = c.boot.AllGatherFDs(ctx, []int{fd}); err != nil {
+			if errors.Is(err, bootstrap.ErrFDPassingUnsupported) {
+				return fmt.Errorf("exchange VMM file descriptors: %w: use a bootstrap that passes them (bootstrap.NewUnix) or Options.IPC memory.LegacyIPC", err)
+			}
 			return fmt.Errorf("exchange VMM file descriptors: %w", err)
 		}
 		c.step(StartupExchangeArenas, t)

@@ -86,8 +86,10 @@ func checkArgs(size int, blob []byte, fds []int) error {
 var (
 	// ErrFDPassingUnsupported is wrapped by AllGatherFDs of a Bootstrap that cannot move file
 	// descriptors between its ranks (for example one built on a network key-value store).
-	// NewInProcess and NewUnix support it, NewTCP does not; a communicator that gets this error uses
-	// legacy CUDA IPC handles instead of VMM file descriptors.
+	// NewInProcess and NewUnix support it, NewTCP does not. A communicator whose ranks share
+	// memory as VMM file descriptors (collective.Options.IPC memory.VMM) needs it: over a
+	// bootstrap without it New fails with this error wrapped, and legacy CUDA IPC handles (the
+	// default) are what such a bootstrap can carry.
 	ErrFDPassingUnsupported = errors.New("file descriptor passing not supported by this bootstrap")
 	// ErrMismatch means the ranks made different calls: another kind of call, another number of
 	// file descriptors, or another number of calls.
