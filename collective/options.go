@@ -2,6 +2,7 @@ package collective
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -113,7 +114,8 @@ const (
 // communicator must pass the same options.
 type Options struct {
 	// MaxBytes is the largest all-reduce in bytes (default DefaultMaxBytes), a multiple of 16.
-	// Each rank holds about 2*MaxBytes of staging memory.
+	// Each rank holds about 2*MaxBytes of staging memory. At most 16*(2^32-1): larger calls
+	// belong to NCCL.
 	MaxBytes int64
 	// PushMaxBytes is the largest all-reduce the Push algorithm takes (default
 	// DefaultPushMaxBytes). Each rank holds ptx.PushParts(world size) * world size * PushMaxBytes
@@ -208,6 +210,9 @@ func (o Options) withDefaults() (Options, error) {
 	switch {
 	case o.MaxBytes < 16 || o.MaxBytes%16 != 0:
 		return o, fmt.Errorf("%w: MaxBytes %d must be a positive multiple of 16", ErrInvalidArgument, o.MaxBytes)
+	case o.MaxBytes > maxKernelBytes:
+		// the kernels count 16-byte vectors in 32 bits
+		return o, fmt.Errorf("%w: MaxBytes %d is more than goccl's kernels address (%d): calls that large belong to NCCL", ErrInvalidArgument, o.MaxBytes, int64(maxKernelBytes))
 	case o.PushMaxBytes < 16 || o.PushMaxBytes%16 != 0 || o.PushMaxBytes > o.MaxBytes:
 		return o, fmt.Errorf("%w: PushMaxBytes %d must be a multiple of 16 in [16, MaxBytes]", ErrInvalidArgument, o.PushMaxBytes)
 	case o.Blocks < 1 || o.Blocks > ptx.MaxBlocks:
@@ -229,6 +234,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	return o, nil
 }
+
+// maxKernelBytes is the largest message a kernel's 32-bit count of 16-byte vectors reaches.
+const maxKernelBytes = 16 * math.MaxUint32
 
 // timeoutNanos is the kernel's watchdog parameter: 0 means wait forever.
 func (o Options) timeoutNanos() uint64 {

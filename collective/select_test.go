@@ -163,6 +163,7 @@ func TestOptionsDefaultsAndValidation(t *testing.T) {
 
 	for _, bad := range []Options{
 		{MaxBytes: 100},
+		{MaxBytes: 16 << 32},
 		{MaxBytes: 4096, PushMaxBytes: 8192},
 		{Blocks: ptx.MaxBlocks + 1},
 		{PushBlocks: -1},
