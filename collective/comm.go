@@ -215,6 +215,22 @@ func NewGroup(ctx context.Context, devices []int, opts Options) ([]*Comm, error)
 	return comms, nil
 }
 
+// barrierScope is the scope of the kernels' barriers: GPU scope when every rank runs on one
+// GPU (virtual ranks, or processes sharing it: counted arrivals and GPU-scope release/acquire
+// are enough there, and cheaper) unless Options.SystemScope; else system scope, with arrivals
+// counted by atomic adds where every rank's GPU has native atomics on the others' memory
+// (NVLink, or one GPU: no round number to read before telling the peers) unless
+// Options.FlagBarriers, and round-number flags otherwise (PCIe).
+func barrierScope(oneGPU, atomics bool, opts Options) ptx.Scope {
+	switch {
+	case oneGPU && !opts.SystemScope:
+		return ptx.ScopeGPU
+	case atomics && !opts.FlagBarriers:
+		return ptx.ScopeSystemCounted
+	}
+	return ptx.ScopeSystem
+}
+
 // init exchanges the ranks' facts and sets up the engines that can serve the communicator:
 // the custom kernels (every rank on one host, 2 to ptx.MaxRanks ranks, an eligible topology)
 // and NCCL (Options.NCCL).
@@ -236,7 +252,7 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	mine := rankInfo{rankFacts: rankFacts{PID: int64(os.Getpid()), Device: int64(ordinal), UUID: uuid, Host: hostID(c.opts.NCCL != NCCLOff),
 		SMs: int64(sms), Major: int64(major),
 		Blocks: int64(c.opts.Blocks), PushBlocks: int64(c.opts.PushBlocks), ThreadsPerBlock: int64(c.opts.ThreadsPerBlock), MaxBytes: c.opts.MaxBytes,
-		PushMaxBytes: c.opts.PushMaxBytes, Algorithm: int64(c.opts.Algorithm), SystemScope: boolInt(c.opts.SystemScope),
+		PushMaxBytes: c.opts.PushMaxBytes, Algorithm: int64(c.opts.Algorithm), SystemScope: boolInt(c.opts.SystemScope), FlagBarriers: boolInt(c.opts.FlagBarriers),
 		NCCL: int64(c.opts.NCCL)}}
 	if c.size >= 2 && c.size <= ptx.MaxRanks && !c.noCustom {
 		mine.Custom = 1 // this rank could run the custom kernels
@@ -254,9 +270,11 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 		return err
 	}
 	c.custom, c.noCustomWhy = customEligible(infos)
+	atomics := false
 	if c.custom {
 		// Every rank takes part in the topology check, or none does: the facts are the same.
-		switch err := c.checkPeerTopology(ctx, infos); {
+		var err error
+		switch atomics, err = c.checkPeerTopology(ctx, infos); {
 		case errors.Is(err, ErrNotEligible) && c.opts.NCCL != NCCLOff:
 			c.custom, c.noCustomWhy = false, err.Error()
 		case err != nil:
@@ -266,14 +284,10 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	}
 	fd := -1
 	if c.custom {
-		if ranksPerGPU(infos) == c.size && !c.opts.SystemScope {
-			// Every rank runs on this GPU (virtual ranks, or processes sharing it): the
-			// GPU-scope kernels (counted arrivals, GPU-scope release/acquire) are enough, and
-			// cheaper (ptx.ScopeGPU). Every rank decides alike, from the same facts and
-			// options (agree), before it loads the kernels: only those of this scope are
-			// compiled, and their occupancy is what the ranks exchange below.
-			c.scope = ptx.ScopeGPU
-		}
+		// Every rank decides alike, from the same facts, options (agree) and answer about
+		// atomics, before it loads the kernels: only those of this scope are compiled, and
+		// their occupancy is what the ranks exchange below (with the scope, checked there).
+		c.scope = barrierScope(ranksPerGPU(infos) == c.size, atomics, c.opts)
 		var part rankInfo
 		if part.Arena, fd, err = c.prepareCustom(major, minor); err != nil {
 			return err
@@ -284,12 +298,18 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 			defer unix.Close(fd)
 		}
 		part.BlocksPerSM = int64(c.kernels.maxBlocksPerSM)
+		part.Scope = int64(c.scope)
 		part.Tune = c.loadTuning(ctx, infos)
 		parts, err := c.allGatherInfos(ctx, part)
 		if err != nil {
 			return fmt.Errorf("exchange the arenas: %w", err)
 		}
 		for r := range infos {
+			if parts[r].Scope != part.Scope {
+				// One protocol for all: ranks that count arrivals and ranks that store round
+				// numbers would wait for each other forever.
+				return fmt.Errorf("rank %d chose %v barriers and rank %d %v: the ranks' drivers answered differently whether their GPUs have native atomics on each other's memory; set Options.FlagBarriers on every rank", r, ptx.Scope(parts[r].Scope), c.rank, c.scope)
+			}
 			infos[r].BlocksPerSM, infos[r].Arena = parts[r].BlocksPerSM, parts[r].Arena
 			infos[r].Tune = parts[r].Tune
 		}

@@ -27,6 +27,10 @@
 //     barriers are GPU-scope when every rank runs on one GPU (virtual ranks, or processes
 //     sharing it), system-scope otherwise.
 //
+// The one-shot and two-shot barriers count arrivals with atomic adds where the ranks' GPUs
+// have native atomics on each other's memory (one GPU, NVLink), and store round numbers into
+// the peers' flags where they do not (PCIe); docs/kernel-abi.md, "Barrier".
+//
 // # Fused all-reduce + residual add + RMSNorm
 //
 // AllReduceResidualRMSNorm is the call that ends a tensor-parallel transformer layer:

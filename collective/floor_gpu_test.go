@@ -298,7 +298,9 @@ func BenchmarkAllReduceForkJoin(b *testing.B) {
 // and with Options.Blocks = ptx.MaxBlocks (push: Options.PushBlocks; capped by occupancy like
 // any grid when ranks share a GPU), at GPU scope (the default with
 // every rank on one GPU) and at system scope (Options.SystemScope: the barriers of ranks on
-// different GPUs). Compare it with BenchmarkGraphForkJoinFloor/fork-rank0 of the same run.
+// different GPUs), "sys" counting arrivals as GPUs with native atomics on each other's memory
+// do (NVLink), "sysflags" with round-number flags as GPUs without do (Options.FlagBarriers,
+// PCIe). Compare it with BenchmarkGraphForkJoinFloor/fork-rank0 of the same run.
 func BenchmarkAllReduceGrid(b *testing.B) {
 	requireGPU(b)
 	type variant struct {
@@ -317,11 +319,11 @@ func BenchmarkAllReduceGrid(b *testing.B) {
 				if v.algo == collective.Push && nbytes > 1<<20 {
 					continue
 				}
-				for _, scope := range []string{"gpu", "sys"} {
+				for _, scope := range []string{"gpu", "sys", "sysflags"} {
 					for _, blocks := range []int{0, ptx.MaxBlocks} {
 						b.Run(fmt.Sprintf("ws%d/%s/%s/%s/blocks%d", ws, sizeName(nbytes), v.name, scope, blocks), func(b *testing.B) {
 							opts := collective.Options{Algorithm: v.algo, MaxBytes: int64(nbytes), PushMaxBytes: int64(nbytes),
-								SystemScope: scope == "sys", Timeout: 50 * time.Millisecond}
+								SystemScope: scope != "gpu", FlagBarriers: scope == "sysflags", Timeout: 50 * time.Millisecond}
 							// push's grid is its own fixed one
 							if v.algo == collective.Push {
 								opts.PushBlocks = blocks

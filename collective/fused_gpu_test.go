@@ -371,14 +371,20 @@ func TestFusedColumnsRowsPerBlock(t *testing.T) {
 // barriers that ranks on several GPUs use (virtual ranks get the GPU-scope ones by default):
 // 2, 4 and 8 ranks, OneShot and TwoShot, through tmp and with registered outputs (the direct
 // two-shot, whose delivered barrier releases its writes at system scope), bf16, rows from one
-// to a two-shot band spread over blocks to bands of several rows; bitwise on every rank.
+// to a two-shot band spread over blocks to bands of several rows; bitwise on every rank. Both
+// system-scope protocols: counted arrivals (GPUs with native peer atomics) and round-number
+// flags (Options.FlagBarriers, the PCIe one), the latter at 4 ranks.
 func TestAllReduceResidualRMSNormSystemScope(t *testing.T) {
 	requireGPU(t)
 	rng := rand.New(rand.NewPCG(25, 26))
 	const maxBytes, hidden = 4 << 20, 4096
-	for _, ws := range []int{2, 4, 8} {
-		t.Run(fmt.Sprintf("ws%d", ws), func(t *testing.T) {
-			g := newFusedGroup(t, ws, collective.Options{Timeout: 5 * time.Second, SystemScope: true}, maxBytes)
+	for _, su := range []struct {
+		ws    int
+		flags bool
+	}{{2, false}, {4, false}, {8, false}, {4, true}} {
+		ws := su.ws
+		t.Run(fmt.Sprintf("ws%d/flags%v", ws, su.flags), func(t *testing.T) {
+			g := newFusedGroup(t, ws, collective.Options{Timeout: 5 * time.Second, SystemScope: true, FlagBarriers: su.flags}, maxBytes)
 			for _, outputs := range []bool{false, true} {
 				if outputs {
 					g.registerOutputs(maxBytes)

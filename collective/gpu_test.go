@@ -191,19 +191,22 @@ func TestAllReduceRegisteredAndGraph(t *testing.T) {
 	requireGPU(t)
 	rng := rand.New(rand.NewPCG(3, 4))
 	type variant struct {
-		name        string
-		algo        collective.Algorithm
-		systemScope bool
+		name                      string
+		algo                      collective.Algorithm
+		systemScope, flagBarriers bool
 	}
-	variants := []variant{{"oneshot", collective.OneShot, false}, {"twoshot", collective.TwoShot, false}, {"push", collective.Push, false},
-		// virtual ranks get GPU-scope (counting) barriers by default: the system-scope ones,
-		// which ranks on several GPUs use, must work too
-		{"oneshot-systemscope", collective.OneShot, true}, {"twoshot-systemscope", collective.TwoShot, true}}
+	variants := []variant{{"oneshot", collective.OneShot, false, false}, {"twoshot", collective.TwoShot, false, false}, {"push", collective.Push, false, false},
+		// virtual ranks get GPU-scope barriers by default: the system-scope ones, which ranks
+		// on several GPUs use, must work too, counting arrivals (NVLink) and with round-number
+		// flags (PCIe)
+		{"oneshot-systemscope", collective.OneShot, true, false}, {"twoshot-systemscope", collective.TwoShot, true, false},
+		{"oneshot-flags", collective.OneShot, true, true}, {"twoshot-flags", collective.TwoShot, true, true}}
 	for _, ws := range []int{2, 4, 8, 16} {
 		for _, v := range variants {
 			algo := v.algo
 			t.Run(fmt.Sprintf("ws%d/%s", ws, v.name), func(t *testing.T) {
-				g := newGroup(t, virtualRanks(ws), collective.Options{Algorithm: algo, PushMaxBytes: 1 << 20, Timeout: 5 * time.Second, SystemScope: v.systemScope}, 1<<20)
+				g := newGroup(t, virtualRanks(ws), collective.Options{Algorithm: algo, PushMaxBytes: 1 << 20, Timeout: 5 * time.Second,
+					SystemScope: v.systemScope, FlagBarriers: v.flagBarriers}, 1<<20)
 				dt := dtype.BFloat16
 				nbytes := 1<<19 + 4096 + 16*ws // not a multiple of the block or thread count
 

@@ -2,6 +2,8 @@ package collective
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -89,33 +91,40 @@ func BenchmarkAllReduceLaunchOnly(b *testing.B) {
 }
 
 // TestBarrierScope checks which kernels a communicator launches: ranks that all run on one
-// GPU get GPU-scope barriers unless Options.SystemScope asks otherwise.
+// GPU get GPU-scope barriers unless Options.SystemScope asks otherwise; system-scope barriers
+// count arrivals there (one GPU has native atomics on its own memory) unless
+// Options.FlagBarriers asks for round-number flags.
 func TestBarrierScope(t *testing.T) {
 	requireGPUHere(t)
-	for _, systemScope := range []bool{false, true} {
+	for _, o := range []struct {
+		opts Options
+		want ptx.Scope
+	}{
+		{Options{}, ptx.ScopeGPU},
+		{Options{SystemScope: true}, ptx.ScopeSystemCounted},
+		{Options{SystemScope: true, FlagBarriers: true}, ptx.ScopeSystem},
+		{Options{FlagBarriers: true}, ptx.ScopeGPU},
+	} {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		comms, err := NewGroup(ctx, []int{0, 0, 0}, Options{SystemScope: systemScope})
+		comms, err := NewGroup(ctx, []int{0, 0, 0}, o.opts)
 		cancel()
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := ptx.ScopeGPU
-		if systemScope {
-			want = ptx.ScopeSystem
-		}
+		name := fmt.Sprintf("SystemScope=%v FlagBarriers=%v", o.opts.SystemScope, o.opts.FlagBarriers)
 		for _, c := range comms {
-			if c.scope != want {
-				t.Errorf("SystemScope=%v: rank %d uses %v barriers, want %v", systemScope, c.rank, c.scope, want)
+			if c.scope != o.want {
+				t.Errorf("%s: rank %d uses %v barriers, want %v", name, c.rank, c.scope, o.want)
 			}
 			// PDL is safe with every rank on one GPU, whatever the scope (FlagEarlyTrigger)
 			if wantPDL := c.major >= 9 && driver.Has(driver.FeatureLaunchEx); c.pdl != wantPDL {
-				t.Errorf("SystemScope=%v: rank %d on sm_%d0: PDL %v, want %v", systemScope, c.rank, c.major, c.pdl, wantPDL)
+				t.Errorf("%s: rank %d on sm_%d0: PDL %v, want %v", name, c.rank, c.major, c.pdl, wantPDL)
 			}
-			// the barrier kernels follow the scope; push has no barrier and one kernel for both
-			for algo, scope := range map[ptx.Algorithm]ptx.Scope{ptx.OneShot: want, ptx.TwoShot: want, ptx.Push: ptx.ScopeSystem} {
+			// the barrier kernels follow the scope; push has no barrier and one kernel for all
+			for algo, scope := range map[ptx.Algorithm]ptx.Scope{ptx.OneShot: o.want, ptx.TwoShot: o.want, ptx.Push: ptx.ScopeSystem} {
 				spec := ptx.Spec{Algo: algo, DType: dtype.BFloat16, WorldSize: 3, Scope: scope}
-				if name := c.kernels.fn[c.scope][algo][dtype.BFloat16].Name(); name != spec.EntryName() {
-					t.Errorf("SystemScope=%v: rank %d launches %s for %v, want %s", systemScope, c.rank, name, algo, spec.EntryName())
+				if got := c.kernels.fn[c.scope][algo][dtype.BFloat16].Name(); got != spec.EntryName() {
+					t.Errorf("%s: rank %d launches %s for %v, want %s", name, c.rank, got, algo, spec.EntryName())
 				}
 			}
 			if err := c.Close(); err != nil {
@@ -123,6 +132,43 @@ func TestBarrierScope(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestBarrierScopeChoice: the scope the ranks' facts and options give, without a GPU.
+func TestBarrierScopeChoice(t *testing.T) {
+	for _, c := range []struct {
+		oneGPU, atomics bool
+		opts            Options
+		want            ptx.Scope
+	}{
+		{true, true, Options{}, ptx.ScopeGPU},
+		{true, true, Options{FlagBarriers: true}, ptx.ScopeGPU},
+		{true, true, Options{SystemScope: true}, ptx.ScopeSystemCounted},
+		{true, true, Options{SystemScope: true, FlagBarriers: true}, ptx.ScopeSystem},
+		{false, true, Options{}, ptx.ScopeSystemCounted},
+		{false, true, Options{FlagBarriers: true}, ptx.ScopeSystem},
+		{false, false, Options{}, ptx.ScopeSystem},
+		{false, false, Options{SystemScope: true}, ptx.ScopeSystem},
+	} {
+		assert.Equal(t, c.want, barrierScope(c.oneGPU, c.atomics, c.opts), "%+v", c)
+	}
+}
+
+// TestPeerAtomics: every ordered pair of distinct GPUs must have native atomics; a question
+// the driver cannot answer counts as no.
+func TestPeerAtomics(t *testing.T) {
+	nvlink := func(from, to int) (bool, error) { return true, nil }
+	assert.True(t, peerAtomics([]int{0, 1, 2, 3}, nvlink))
+	assert.True(t, peerAtomics([]int{2, 2, 2}, func(int, int) (bool, error) { return false, errors.New("not asked") }), "one GPU: nothing to ask")
+	oneWay := func(from, to int) (bool, error) { return from < to, nil }
+	assert.False(t, peerAtomics([]int{0, 1}, oneWay))
+	var asked [][2]int
+	failing := func(from, to int) (bool, error) {
+		asked = append(asked, [2]int{from, to})
+		return true, errors.New("driver refused")
+	}
+	assert.False(t, peerAtomics([]int{0, 0, 1}, failing))
+	assert.Equal(t, [][2]int{{0, 1}}, asked, "the first failure decides")
 }
 
 // spinPTX holds a kernel that runs for p_ns nanoseconds of %globaltimer: another part of the

@@ -201,30 +201,41 @@ func ipRun(t *testing.T, g *group, rng *rand.Rand, dt dtype.DType, used int, cal
 	}
 }
 
-// scopeSetup is a subtest's world size and barrier scope (Options.SystemScope).
+// scopeSetup is a subtest's world size and barrier scope (Options.SystemScope, and
+// Options.FlagBarriers for the round-number flags of GPUs without native peer atomics).
 type scopeSetup struct {
-	ws          int
-	systemScope bool
+	ws                 int
+	systemScope, flags bool
 }
 
-// String names the subtest: ws<N>, with -systemscope for system-scope barriers.
+// String names the subtest: ws<N>, with -systemscope for system-scope barriers and -flags
+// for round-number flags.
 func (su scopeSetup) String() string {
+	name := fmt.Sprintf("ws%d", su.ws)
 	if su.systemScope {
-		return fmt.Sprintf("ws%d-systemscope", su.ws)
+		name += "-systemscope"
 	}
-	return fmt.Sprintf("ws%d", su.ws)
+	if su.flags {
+		name += "-flags"
+	}
+	return name
+}
+
+// options are the subtest's communicator options.
+func (su scopeSetup) options() collective.Options {
+	return collective.Options{Timeout: 5 * time.Second, SystemScope: su.systemScope, FlagBarriers: su.flags}
 }
 
 // TestAllReduceInPlaceOneShot runs OneShot in place (and with inputs the peers cannot read in
-// place) at 2 to 16 virtual ranks, both barrier scopes, every element type and counts with odd
+// place) at 2 to 16 virtual ranks, every barrier scope, every element type and counts with odd
 // tails, eager and captured, with unregistered and registered inputs, and compares every
 // rank's buffers bit for bit with internal/ref, bytes past each message included.
 func TestAllReduceInPlaceOneShot(t *testing.T) {
 	requireGPU(t)
 	rng := rand.New(rand.NewPCG(11, 12))
-	for _, su := range []scopeSetup{{2, false}, {4, false}, {8, false}, {16, false}, {4, true}, {8, true}} {
+	for _, su := range []scopeSetup{{2, false, false}, {4, false, false}, {8, false, false}, {16, false, false}, {4, true, false}, {8, true, false}, {4, true, true}} {
 		t.Run(su.String(), func(t *testing.T) {
-			g := newGroup(t, virtualRanks(su.ws), collective.Options{Timeout: 5 * time.Second, SystemScope: su.systemScope}, 1<<20)
+			g := newGroup(t, virtualRanks(su.ws), su.options(), 1<<20)
 			for _, dt := range dtype.All {
 				regions, used := ipLayout(dt, ipCounts)
 				calls := func(inPlace func(int) bool) []ipCall {
@@ -283,9 +294,9 @@ func ipRegisterAll(t testing.TB, g *group, reg ipRegion) []*collective.Registrat
 // graph and replayed.
 func TestAllReduceInPlaceStagingReuse(t *testing.T) {
 	requireGPU(t)
-	for _, su := range []scopeSetup{{2, false}, {8, false}, {16, false}, {8, true}} {
+	for _, su := range []scopeSetup{{2, false, false}, {8, false, false}, {16, false, false}, {8, true, false}, {8, true, true}} {
 		t.Run(su.String(), func(t *testing.T) {
-			g := newGroup(t, virtualRanks(su.ws), collective.Options{Timeout: 5 * time.Second, SystemScope: su.systemScope}, 8<<20)
+			g := newGroup(t, virtualRanks(su.ws), su.options(), 8<<20)
 			for _, dt := range dtype.All {
 				rng := rand.New(rand.NewPCG(uint64(su.ws), uint64(dt)))
 				calls, used := ipSequence(rng, dt, 60, int(g.ranks[0].capacity))

@@ -17,15 +17,16 @@ import (
 //
 // A communicator's New loads the plain kernels of the one barrier scope it will launch: the
 // GPU-scope one-shot and two-shot when every rank runs on one GPU (unless
-// Options.SystemScope), the system-scope ones otherwise, and push (one kernel for both
-// scopes), each for every element type: nine modules, compiled side by side by a pool of
+// Options.SystemScope), the system-scope ones otherwise (counting arrivals where the GPUs
+// have native atomics on each other's memory), and push (one kernel for every scope), each
+// for every element type: nine modules, compiled side by side by a pool of
 // JIT workers (jitWorkers). The fused and single-rank RMSNorm kernels are compiled on their
 // first call.
 //
 // Every compiled module stays loaded in the device's primary context, which the module cache
 // retains for that, until the process exits or UnloadKernels: a later New of the same world
 // size and scope finds its kernels ready, and another world size or scope compiles only the
-// modules it does not share (push is the same in both scopes; the RMSNorm kernel in every
+// modules it does not share (push is the same in every scope; the RMSNorm kernel in every
 // world size). What that costs is the device memory of the modules' code (each a few tens of
 // KiB of SASS) and the primary context staying retained after the last communicator closes,
 // as the CUDA runtime keeps it for a program that has used the GPU. The alternative, keeping
@@ -33,6 +34,9 @@ import (
 // for every New, would give the context back but pay a module load per kernel on every New;
 // the driver's own on-disk cache (~/.nv/ComputeCache) already spares a later process most of
 // the JIT.
+
+// numScopes sizes the tables indexed by ptx.Scope.
+const numScopes = ptx.ScopeSystemCounted + 1
 
 // kernelSet holds the plain kernels of one world size and barrier scope on one device, and
 // the fused and RMSNorm kernels that its communicators loaded on first use: one function per
@@ -46,7 +50,7 @@ type kernelSet struct {
 	// maxBlocksPerSM and loads are written before, by the New that created the set.
 	ready chan struct{}
 	err   error
-	fn    [ptx.ScopeGPU + 1][ptx.Push + 1][dtype.BFloat16 + 1]*driver.Function
+	fn    [numScopes][ptx.Push + 1][dtype.BFloat16 + 1]*driver.Function
 	// maxBlocksPerSM is the smallest occupancy at ThreadsPerBlock of the set's plain kernels,
 	// the kernels a communicator of its scope launches: what the ranks exchange to cap their
 	// grids so that every block of every rank sharing a GPU is resident at once.
@@ -60,9 +64,9 @@ type kernelSet struct {
 	// kernelCache.mu): fusedKernel loads each on its first use, so that communicators that
 	// never call AllReduceResidualRMSNorm pay no JIT for them.
 	// The last index is ptx.FusedSpec.RowCache (1: the one-shot with the row cache).
-	fused [ptx.ScopeGPU + 1][ptx.Columns + 1][dtype.BFloat16 + 1][2]*driver.Function
+	fused [numScopes][ptx.Columns + 1][dtype.BFloat16 + 1][2]*driver.Function
 	// fusedOcc is each loaded fused kernel's occupancy at ThreadsPerBlock (blocks per SM).
-	fusedOcc [ptx.ScopeGPU + 1][ptx.Columns + 1][dtype.BFloat16 + 1][2]int
+	fusedOcc [numScopes][ptx.Columns + 1][dtype.BFloat16 + 1][2]int
 	// norm holds the single-rank residual add + RMSNorm kernels loaded so far (guarded by
 	// kernelCache.mu), one per element type: normKernel loads each on its first use.
 	norm [dtype.BFloat16 + 1]*driver.Function
@@ -86,7 +90,7 @@ var kernelCache = struct {
 
 // planKernels lists the plain kernels of a set, in load order: for each algorithm and
 // element type, the spec of key's scope; push's is the system-scope spec, the same kernel in
-// both scopes (it has no barrier). Every algorithm, also where Options.Algorithm forces one:
+// every scope (it has no barrier). Every algorithm, also where Options.Algorithm forces one:
 // AllReduceWith may launch any of them on any call, straight from the set's table, and the
 // grids are capped by the least occupancy of all three (maxBlocksPerSM), which the fused
 // kernels, loaded later, are checked against.

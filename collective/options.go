@@ -146,12 +146,18 @@ type Options struct {
 	MaxSlots int
 	// DisablePDL turns off programmatic dependent launch on sm_90 and later.
 	DisablePDL bool
-	// SystemScope keeps the system-scope barriers of OneShot and TwoShot (round-number
-	// flags, release/acquire at system scope) when every rank runs on one GPU, where the
-	// default GPU-scope kernels (counted arrivals, GPU-scope release/acquire: ptx.ScopeGPU)
-	// are enough and cheaper. Both are correct there. It exists for tests and benchmarks that
-	// measure the barriers ranks on several GPUs use; services leave it false.
+	// SystemScope keeps the system-scope barriers of OneShot and TwoShot (release/acquire at
+	// system scope) when every rank runs on one GPU, where the default GPU-scope kernels
+	// (ptx.ScopeGPU) are enough and cheaper. Both are correct there. It exists for tests and
+	// benchmarks that measure the barriers ranks on several GPUs use; services leave it false.
 	SystemScope bool
+	// FlagBarriers makes the system-scope barriers store round numbers into the peers' flags
+	// (ptx.ScopeSystem), the protocol of GPUs without native atomics on each other's memory
+	// (PCIe), also where every rank's GPU has them (NVLink, or one GPU with SystemScope) and
+	// the barriers would count arrivals with atomic adds instead (ptx.ScopeSystemCounted).
+	// Both are correct there. It exists for tests and benchmarks that measure the barriers of
+	// GPUs linked by PCIe; services leave it false.
+	FlagBarriers bool
 	// AllowNonNVLink lets NewGroup build a communicator over more than two GPUs that are not
 	// all linked by NVLink (correct, but usually slower than NCCL there).
 	AllowNonNVLink bool

@@ -280,6 +280,12 @@ func TestAgree(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidArgument)
 	assert.ErrorContains(t, err, "rank 2 was created with different options")
 	assert.ErrorContains(t, err, "SystemScope")
+	infos[2].SystemScope = 0
+	infos[0].FlagBarriers = 1
+	err = agree(infos, 1)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	assert.ErrorContains(t, err, "rank 0 was created with different options")
+	assert.ErrorContains(t, err, "FlagBarriers")
 }
 
 func TestCheckParams(t *testing.T) {

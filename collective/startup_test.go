@@ -178,7 +178,7 @@ func TestModuleCacheRetriesFailures(t *testing.T) {
 }
 
 // TestPlanKernels: a set holds every algorithm and element type of its scope, push's
-// system-scope kernel in both scopes.
+// system-scope kernel in every scope.
 func TestPlanKernels(t *testing.T) {
 	for _, scope := range ptx.Scopes {
 		specs := planKernels(kernelKey{worldSize: 8, target: ptx.SM90, scope: scope})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/goccl/goccl/driver"
 	"github.com/goccl/goccl/internal/topology"
 )
 
@@ -33,37 +34,56 @@ func checkTopology(ctx context.Context, devices []int, opts Options) error {
 // ranks all live in this process was checked by NewGroup already. When rank 0 cannot see
 // every rank's GPU (each process limited to its own by CUDA_VISIBLE_DEVICES), the peer check
 // cannot run from one process, and mapping the peers' memory is the test.
-func (c *Comm) checkPeerTopology(ctx context.Context, infos []rankInfo) error {
+//
+// It also returns whether every rank's GPU performs atomics natively on every other rank's
+// memory (peerAtomics), which lets the system-scope barriers count arrivals: true when every
+// rank is on one GPU, asked of the driver when the ranks share this process, and rank 0's
+// answer, sent with its verdict, otherwise (false when rank 0 cannot see every rank's GPU).
+func (c *Comm) checkPeerTopology(ctx context.Context, infos []rankInfo) (atomics bool, err error) {
 	// From the facts, not c.allLocal: New runs this check before the kernels' round sets it.
 	oneProcess := true
 	for _, ri := range infos {
 		oneProcess = oneProcess && ri.PID == infos[c.rank].PID
 	}
-	if oneProcess || ranksPerGPU(infos) == c.size {
-		return nil
+	if ranksPerGPU(infos) == c.size {
+		return true, nil
+	}
+	if oneProcess {
+		ordinals := make([]int, len(infos))
+		for r, ri := range infos {
+			ordinals[r] = int(ri.Device)
+		}
+		return peerAtomics(ordinals, driverPeerAtomics), nil
 	}
 	var verdict error
+	payload := []byte{0}
 	if c.rank == 0 {
-		verdict = c.judgeTopology(ctx, infos)
-	}
-	blobs, err := c.boot.AllGather(ctx, withStatus(nil, verdict))
-	if err != nil {
-		return fmt.Errorf("exchange the topology verdict: %w", err)
-	}
-	if _, refused := splitStatus(blobs); refused != nil {
-		if verdict != nil {
-			return verdict
+		var atomics bool
+		atomics, verdict = c.judgeTopology(ctx, infos)
+		if atomics {
+			payload[0] = 1
 		}
-		return fmt.Errorf("%w: %v", ErrNotEligible, refused)
 	}
-	return nil
+	blobs, err := c.boot.AllGather(ctx, withStatus(payload, verdict))
+	if err != nil {
+		return false, fmt.Errorf("exchange the topology verdict: %w", err)
+	}
+	payloads, refused := splitStatus(blobs)
+	if refused != nil {
+		if verdict != nil {
+			return false, verdict
+		}
+		return false, fmt.Errorf("%w: %v", ErrNotEligible, refused)
+	}
+	return len(payloads[0]) == 1 && payloads[0][0] == 1, nil
 }
 
-// judgeTopology is rank 0's check of every rank's GPU.
-func (c *Comm) judgeTopology(ctx context.Context, infos []rankInfo) error {
+// judgeTopology is rank 0's check of every rank's GPU, and whether they all have native
+// atomics on each other's memory (false when rank 0 cannot see every rank's GPU).
+func (c *Comm) judgeTopology(ctx context.Context, infos []rankInfo) (atomics bool, err error) {
 	t, err := topology.Discover(ctx, topology.Options{CheckP2P: true})
 	if err != nil {
-		return fmt.Errorf("discover the GPUs' links: %w", err)
+		return false, fmt.Errorf("discover the GPUs' links: %w", err)
 	}
 	byUUID := map[string]int{}
 	for _, g := range t.GPUs {
@@ -73,11 +93,45 @@ func (c *Comm) judgeTopology(ctx context.Context, infos []rankInfo) error {
 	for r, ri := range infos {
 		o, ok := byUUID[formatUUID(ri.UUID)]
 		if !ok {
-			return nil
+			return false, nil
 		}
 		ordinals[r] = o
 	}
-	return t.CheckCustomAllReduce(ordinals, topology.PolicyOptions{AllowNonNVLink: c.opts.AllowNonNVLink})
+	if err := t.CheckCustomAllReduce(ordinals, topology.PolicyOptions{AllowNonNVLink: c.opts.AllowNonNVLink}); err != nil {
+		return false, err
+	}
+	return peerAtomics(ordinals, driverPeerAtomics), nil
+}
+
+// peerAtomics says whether the GPU of every ordinal performs atomics natively on the memory of
+// every other (ask: driver.PeerNativeAtomics by CUDA ordinal; a GPU on itself is native). A
+// question the driver cannot answer counts as no: the barriers that store round numbers are
+// correct everywhere.
+func peerAtomics(ordinals []int, ask func(from, to int) (bool, error)) bool {
+	for _, a := range ordinals {
+		for _, b := range ordinals {
+			if a == b {
+				continue
+			}
+			if native, err := ask(a, b); err != nil || !native {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// driverPeerAtomics is driver.PeerNativeAtomics by CUDA ordinal.
+func driverPeerAtomics(from, to int) (bool, error) {
+	a, err := driver.GetDevice(from)
+	if err != nil {
+		return false, err
+	}
+	b, err := driver.GetDevice(to)
+	if err != nil {
+		return false, err
+	}
+	return driver.PeerNativeAtomics(a, b)
 }
 
 // formatUUID writes a GPU UUID as NVML and nvidia-smi do: "GPU-" and the 8-4-4-4-12 form.

@@ -26,7 +26,12 @@ type rankFacts struct {
 	// SystemScope is 1 when the rank was created with Options.SystemScope: the scope picks the
 	// barrier protocol, which every rank must share.
 	SystemScope int64
-	NCCL        int64 // Options.NCCL
+	// FlagBarriers is 1 with Options.FlagBarriers, which picks the protocol too.
+	FlagBarriers int64
+	NCCL         int64 // Options.NCCL
+	// Scope is the ptx.Scope the rank chose (the second exchange only): every rank must
+	// choose the same.
+	Scope int64
 	// Tune is the digest of the tuning table sections the rank loaded (zero: none); ranks
 	// use a table only if every digest is the same (adoptTuning).
 	Tune [16]byte
@@ -66,14 +71,16 @@ func unmarshalRankInfo(p []byte) (rankInfo, error) {
 // agree checks that every rank passed the same options: different grids or buffer sizes would
 // make the kernels wait for blocks that never come, or read past buffers.
 func agree(infos []rankInfo, me int) error {
-	type agreed struct{ Blocks, PushBlocks, ThreadsPerBlock, MaxBytes, PushMaxBytes, Algorithm, SystemScope, NCCL int64 }
+	type agreed struct {
+		Blocks, PushBlocks, ThreadsPerBlock, MaxBytes, PushMaxBytes, Algorithm, SystemScope, FlagBarriers, NCCL int64
+	}
 	pick := func(f rankFacts) agreed {
-		return agreed{f.Blocks, f.PushBlocks, f.ThreadsPerBlock, f.MaxBytes, f.PushMaxBytes, f.Algorithm, f.SystemScope, f.NCCL}
+		return agreed{f.Blocks, f.PushBlocks, f.ThreadsPerBlock, f.MaxBytes, f.PushMaxBytes, f.Algorithm, f.SystemScope, f.FlagBarriers, f.NCCL}
 	}
 	mine := pick(infos[me].rankFacts)
 	for r, ri := range infos {
 		if pick(ri.rankFacts) != mine {
-			return invalid("rank %d was created with different options (Blocks, PushBlocks, ThreadsPerBlock, MaxBytes, PushMaxBytes, Algorithm, SystemScope, NCCL) than rank %d: all ranks must pass the same", r, me)
+			return invalid("rank %d was created with different options (Blocks, PushBlocks, ThreadsPerBlock, MaxBytes, PushMaxBytes, Algorithm, SystemScope, FlagBarriers, NCCL) than rank %d: all ranks must pass the same", r, me)
 		}
 	}
 	return nil

@@ -235,3 +235,22 @@ func skipUnderRace(t *testing.T) {
 		t.Skip("allocation counts are meaningless under the race detector (sync.Pool drops items)")
 	}
 }
+
+func TestABIPeerNativeAtomics(t *testing.T) {
+	sym := fakeCUDA(t)
+	swapSymbol(t, &cuDeviceGetP2PAttribute, sym("cuDeviceGetP2PAttribute"))
+	v, err := p2pAttribute(p2pNativeAtomics, 0, 1)
+	require.NoError(t, err)
+	assert.Equal(t, int32(1), v)
+	assert.Equal(t, []uint64{3, 0, 1}, []uint64{fakeRecord(t, sym, 60), fakeRecord(t, sym, 61), fakeRecord(t, sym, 62)}, "attribute, source, destination")
+	v, err = p2pAttribute(p2pNativeAtomics, 1, 0)
+	require.NoError(t, err)
+	assert.Zero(t, v)
+	assert.Equal(t, []uint64{3, 1, 0}, []uint64{fakeRecord(t, sym, 60), fakeRecord(t, sym, 61), fakeRecord(t, sym, 62)})
+
+	// a device's own memory: native, without asking the driver (which refuses src == dst)
+	swapSymbol(t, &cuDeviceGetP2PAttribute, 0)
+	own, err := PeerNativeAtomics(2, 2)
+	require.NoError(t, err)
+	assert.True(t, own)
+}

@@ -145,6 +145,35 @@ func (d Device) SupportsPOSIXFD() (bool, error) {
 	return v != 0, err
 }
 
+// p2pNativeAtomics is CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED.
+const p2pNativeAtomics = 3
+
+// PeerNativeAtomics reports whether every atomic operation of d on the memory of peer is
+// performed natively over their link (cuDeviceGetP2PAttribute,
+// CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED): true over NVLink, usually false over
+// PCIe. A device's atomics on its own memory are native (d == peer, which the driver does not
+// answer for).
+func PeerNativeAtomics(d, peer Device) (bool, error) {
+	if d == peer {
+		return true, nil
+	}
+	if err := Init(); err != nil {
+		return false, err
+	}
+	v, err := p2pAttribute(p2pNativeAtomics, d, peer)
+	if err != nil {
+		return false, fmt.Errorf("native atomics of device %d on device %d: %w", d, peer, err)
+	}
+	return v != 0, nil
+}
+
+// p2pAttribute is cuDeviceGetP2PAttribute of the link from src to dst.
+func p2pAttribute(attr int32, src, dst Device) (int32, error) {
+	var v int32
+	err := call(cuDeviceGetP2PAttribute, uintptr(unsafe.Pointer(&v)), uintptr(attr), uintptr(src), uintptr(dst))
+	return v, err
+}
+
 // CanAccessPeer reports whether d can map the memory of peer (cuDeviceCanAccessPeer). The
 // driver answers for two distinct devices; for d == peer it reports what the driver says,
 // although a device always reaches its own memory.

@@ -14,6 +14,7 @@ var (
 
 	cuDeviceGet, cuDeviceGetCount, cuDeviceGetName, cuDeviceGetAttribute, cuDeviceGetPCIBusId uintptr
 	cuDeviceGetUuid_v2, cuDeviceTotalMem_v2, cuDeviceCanAccessPeer                            uintptr
+	cuDeviceGetP2PAttribute                                                                   uintptr
 
 	cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease_v2, cuCtxSetCurrent, cuCtxSynchronize uintptr
 	cuCtxGetCurrent, cuCtxGetDevice                                                           uintptr
@@ -86,6 +87,8 @@ var symbolTable = []symbol{
 	req("cuDeviceTotalMem_v2", &cuDeviceTotalMem_v2),
 	// CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev);
 	req("cuDeviceCanAccessPeer", &cuDeviceCanAccessPeer),
+	// CUresult cuDeviceGetP2PAttribute(int *value, CUdevice_P2PAttribute attrib, CUdevice srcDevice, CUdevice dstDevice);
+	req("cuDeviceGetP2PAttribute", &cuDeviceGetP2PAttribute),
 
 	// CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
 	req("cuDevicePrimaryCtxRetain", &cuDevicePrimaryCtxRetain),

@@ -47,6 +47,7 @@ _Static_assert(sizeof(CUlaunchConfig) == 56, "CUlaunchConfig size");
 //   53 context current at it, 54 cuPointerGetAttribute calls, 55 cuCtxSetCurrent calls
 //   56 cuDevicePrimaryCtxRelease_v2 calls, 57 its device
 //   58 stream given to cuStreamIsCapturing, 59 context current at it
+//   60..62 cuDeviceGetP2PAttribute's attribute, source and destination device
 static uint64_t rec[64];
 
 // The context current on the calling thread, and the thread's stream capture mode
@@ -97,6 +98,16 @@ int cuCtxGetCurrent(void **pctx) {
 }
 
 // The fake's contexts: 0xc0 on device 0, 0xc1 on device 1, 0xc7 (a foreign one) on device 3.
+// cuDeviceGetP2PAttribute answers 1 for native atomics (attribute 3) from device 0 to 1, and 0
+// for every other pair and attribute.
+int cuDeviceGetP2PAttribute(int *value, int attrib, int src, int dst) {
+    rec[60] = (uint64_t)attrib;
+    rec[61] = (uint64_t)src;
+    rec[62] = (uint64_t)dst;
+    *value = attrib == 3 && src == 0 && dst == 1;
+    return 0;
+}
+
 int cuCtxGetDevice(int *dev) {
     rec[31] = (uint64_t)(uintptr_t)current;
     switch ((uintptr_t)current) {
