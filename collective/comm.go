@@ -85,8 +85,8 @@ type Comm struct {
 }
 
 type ipcKey struct {
-	pid    int
-	handle driver.IPCMemHandle
+	process uint64 // memory.ProcessID of the owner
+	handle  driver.IPCMemHandle
 }
 
 // New creates this process's rank of a communicator on the CUDA device with the given
@@ -249,7 +249,7 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	if err != nil {
 		return err
 	}
-	mine := rankInfo{rankFacts: rankFacts{PID: int64(os.Getpid()), Device: int64(ordinal), UUID: uuid, Host: hostID(c.opts.NCCL != NCCLOff),
+	mine := rankInfo{rankFacts: rankFacts{PID: int64(os.Getpid()), Process: memory.ProcessID(), Device: int64(ordinal), UUID: uuid, Host: hostID(c.opts.NCCL != NCCLOff),
 		SMs: int64(sms), Major: int64(major),
 		Blocks: int64(c.opts.Blocks), PushBlocks: int64(c.opts.PushBlocks), ThreadsPerBlock: int64(c.opts.ThreadsPerBlock), MaxBytes: c.opts.MaxBytes,
 		PushMaxBytes: c.opts.PushMaxBytes, Algorithm: int64(c.opts.Algorithm), SystemScope: boolInt(c.opts.SystemScope), FlagBarriers: boolInt(c.opts.FlagBarriers),
@@ -443,7 +443,7 @@ func (c *Comm) initCustom(ctx context.Context, infos []rankInfo, fd int) error {
 	c.allLocal = true
 	for _, ri := range infos {
 		blocksPerSM, smsOnGPU = min(blocksPerSM, int(ri.BlocksPerSM)), min(smsOnGPU, int(ri.SMs))
-		c.allLocal = c.allLocal && ri.PID == infos[c.rank].PID
+		c.allLocal = c.allLocal && ri.Process == infos[c.rank].Process
 		// The selection table must pick the same algorithm on every rank.
 		c.major = min(c.major, int(ri.Major))
 	}

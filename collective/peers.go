@@ -77,7 +77,7 @@ func (c *Comm) open(d memory.Descriptor) (driver.DevicePtr, *ipcKey, error) {
 	if d.Local() {
 		return driver.DevicePtr(d.Ptr), nil, nil
 	}
-	key := ipcKey{pid: d.PID, handle: d.Handle}
+	key := ipcKey{process: d.Process, handle: d.Handle}
 	ob, ok := c.opened[key]
 	if !ok {
 		base := d

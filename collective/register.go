@@ -161,7 +161,7 @@ func (c *Comm) describe(ptrs []driver.DevicePtr, sizes []uint64, pattern []byte)
 	binary.Write(&b, binary.LittleEndian, uint32(len(pattern)))
 	b.Write(pattern)
 	for i, p := range ptrs {
-		d := memory.Descriptor{PID: os.Getpid(), Kind: memory.LegacyIPC, Ptr: uint64(p), Size: sizes[i]}
+		d := memory.Descriptor{PID: os.Getpid(), Process: memory.ProcessID(), Kind: memory.LegacyIPC, Ptr: uint64(p), Size: sizes[i]}
 		if !c.allLocal {
 			var err error
 			if d, err = memory.DescribeUser(c.ctx, p, sizes[i]); err != nil {

@@ -255,9 +255,9 @@ func TestKernelErrorMessages(t *testing.T) {
 }
 
 func TestRankInfoRoundTrip(t *testing.T) {
-	in := rankInfo{rankFacts: rankFacts{PID: 42, Device: 3, UUID: [16]byte{1, 2, 3}, SMs: 132, BlocksPerSM: 2, Major: 9,
+	in := rankInfo{rankFacts: rankFacts{PID: 42, Process: 0xfeedface12345678, Device: 3, UUID: [16]byte{1, 2, 3}, SMs: 132, BlocksPerSM: 2, Major: 9,
 		Blocks: 36, PushBlocks: 16, MaxBytes: 8 << 20, PushMaxBytes: 512 << 10, Algorithm: int64(TwoShot), SystemScope: 1}}
-	in.Arena.PID, in.Arena.Ptr, in.Arena.Size, in.Arena.Handle[63] = 42, 0x7f0000000000, 1<<20, 9
+	in.Arena.PID, in.Arena.Process, in.Arena.Ptr, in.Arena.Size, in.Arena.Handle[63] = 42, 0xfeedface12345678, 0x7f0000000000, 1<<20, 9
 	b, err := in.marshal()
 	require.NoError(t, err)
 	out, err := unmarshalRankInfo(b)

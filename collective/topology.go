@@ -43,7 +43,7 @@ func (c *Comm) checkPeerTopology(ctx context.Context, infos []rankInfo) (atomics
 	// From the facts, not c.allLocal: New runs this check before the kernels' round sets it.
 	oneProcess := true
 	for _, ri := range infos {
-		oneProcess = oneProcess && ri.PID == infos[c.rank].PID
+		oneProcess = oneProcess && ri.Process == infos[c.rank].Process
 	}
 	if ranksPerGPU(infos) == c.size {
 		return true, nil

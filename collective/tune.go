@@ -518,14 +518,14 @@ func (c *Comm) tuneKey() (TuneKey, error) {
 // GPUs.
 func placement(infos []rankInfo) (TuneTopology, []string) {
 	perGPU := map[[16]byte]int{}
-	pids := map[int64]bool{}
+	processes := map[uint64]bool{}
 	for _, ri := range infos {
 		perGPU[ri.UUID]++
-		pids[ri.PID] = true
+		processes[ri.Process] = true
 	}
 	t := TuneTopology{GPUs: len(perGPU), RanksPerGPU: ranksPerGPU(infos)}
 	if t.RanksPerGPU > 1 {
-		t.Processes = len(pids)
+		t.Processes = len(processes)
 	}
 	uuids := make([]string, 0, len(perGPU))
 	for u := range perGPU {

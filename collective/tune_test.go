@@ -445,9 +445,13 @@ func TestTuneTopologyAndLinks(t *testing.T) {
 	assert.Equal(t, "8 GPUs, one rank each, links NV18 x28", TuneTopology{GPUs: 8, RanksPerGPU: 1, Links: "NV18 x28"}.String())
 	assert.Equal(t, "2 GPUs, up to 2 ranks each, in 1 process, links NV4 x1", TuneTopology{GPUs: 2, RanksPerGPU: 2, Processes: 1, Links: "NV4 x1"}.String())
 
-	infos := []rankInfo{{rankFacts: rankFacts{UUID: [16]byte{1}, PID: 5}}, {rankFacts: rankFacts{UUID: [16]byte{2}, PID: 5}}, {rankFacts: rankFacts{UUID: [16]byte{1}, PID: 6}}}
+	infos := []rankInfo{{rankFacts: rankFacts{UUID: [16]byte{1}, PID: 5, Process: 50}}, {rankFacts: rankFacts{UUID: [16]byte{2}, PID: 5, Process: 50}}, {rankFacts: rankFacts{UUID: [16]byte{1}, PID: 6, Process: 60}}}
 	topo, uuids := placement(infos)
 	assert.Equal(t, TuneTopology{GPUs: 2, RanksPerGPU: 2, Processes: 2}, topo)
+	// processes are told apart by their identity, not their PID (containers may share one)
+	infos[2].PID = 5
+	topo, _ = placement(infos)
+	assert.Equal(t, 2, topo.Processes)
 	assert.Equal(t, []string{formatUUID([16]byte{1}), formatUUID([16]byte{2})}, uuids)
 }
 

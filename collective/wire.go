@@ -13,7 +13,11 @@ import (
 
 // rankFacts is the fixed-size part of what every rank tells the others at init.
 type rankFacts struct {
-	PID         int64
+	PID int64 // for messages; Process tells processes apart
+	// Process is the rank's memory.ProcessID: ranks with the same one share a process (and
+	// use each other's pointers as they are), which equal PIDs do not prove across PID
+	// namespaces (containers)
+	Process     uint64
 	Device      int64 // CUDA ordinal in its process
 	UUID        [16]byte
 	Host        [16]byte // hostID: ranks on other hosts cannot map each other's memory

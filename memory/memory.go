@@ -9,17 +9,21 @@
 //     to share buffers that come from VMM allocators.
 //
 // A peer in the same process (virtual ranks, or NewGroup over several GPUs) never opens a
-// handle: it uses the pointer itself. Descriptor carries the process id so that Open can tell.
+// handle: it uses the pointer itself. Descriptor carries the owner's ProcessID so that Open can
+// tell: a process id (PID) cannot, since processes in different PID namespaces (containers)
+// may share one.
 //
 // Ownership: a Buffer is freed by its Close; a Mapping is released by its Close. Neither is safe
 // for concurrent Close.
 package memory
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 
 	"github.com/goccl/goccl/driver"
 )
@@ -129,7 +133,7 @@ func (b *Buffer) Kind() Kind { return b.kind }
 // file descriptor that the caller must pass to the peers (bootstrap.AllGatherFDs) and close;
 // for legacy buffers fd is -1.
 func (b *Buffer) Describe() (d Descriptor, fd int, err error) {
-	d = Descriptor{PID: os.Getpid(), Kind: b.kind, Ptr: uint64(b.ptr), Size: b.size}
+	d = Descriptor{PID: os.Getpid(), Process: ProcessID(), Kind: b.kind, Ptr: uint64(b.ptr), Size: b.size}
 	switch b.kind {
 	case LegacyIPC:
 		h, err := b.ctx.IPCGetMemHandle(b.ptr)
@@ -171,17 +175,32 @@ func (b *Buffer) Close() error {
 // travels through the bootstrap (MarshalBinary); a VMM buffer's file descriptor travels beside
 // it.
 type Descriptor struct {
-	PID    int                 // process that owns the buffer
-	Kind   Kind                // how to open it from another process
-	Ptr    uint64              // address in the owner's process
-	Size   uint64              // usable bytes
-	Mapped uint64              // VMM: bytes of the physical allocation
-	Offset uint64              // legacy: offset of Ptr inside the allocation Handle names
-	Handle driver.IPCMemHandle // legacy: the allocation's IPC handle
+	PID     int                 // process id of the owner, for messages
+	Process uint64              // ProcessID of the owner: whether the buffer is this process's
+	Kind    Kind                // how to open it from another process
+	Ptr     uint64              // address in the owner's process
+	Size    uint64              // usable bytes
+	Mapped  uint64              // VMM: bytes of the physical allocation
+	Offset  uint64              // legacy: offset of Ptr inside the allocation Handle names
+	Handle  driver.IPCMemHandle // legacy: the allocation's IPC handle
 }
 
-// DescriptorBytes is the size of a marshalled Descriptor: six 64-bit words and the IPC handle.
-const DescriptorBytes = 8*6 + len(driver.IPCMemHandle{})
+// DescriptorBytes is the size of a marshalled Descriptor: seven 64-bit words and the IPC
+// handle.
+const DescriptorBytes = 8*7 + len(driver.IPCMemHandle{})
+
+// ProcessID identifies this process among the processes that may share memory with it: a
+// random 64-bit value drawn once per process, never 0. The process id (PID) does not: two
+// processes in different PID namespaces (two containers on one host) may have the same one,
+// and a peer's buffer taken for one of this process would be used through a pointer that
+// means nothing here.
+func ProcessID() uint64 { return processID() }
+
+var processID = sync.OnceValue(func() uint64 {
+	var b [8]byte
+	rand.Read(b[:]) // never fails (crypto/rand: it ends the program instead)
+	return max(1, binary.LittleEndian.Uint64(b[:]))
+})
 
 // MarshalBinary encodes d in a fixed-size little-endian form.
 func (d Descriptor) MarshalBinary() ([]byte, error) {
@@ -193,7 +212,8 @@ func (d Descriptor) MarshalBinary() ([]byte, error) {
 	le.PutUint64(out[24:], d.Size)
 	le.PutUint64(out[32:], d.Mapped)
 	le.PutUint64(out[40:], d.Offset)
-	copy(out[48:], d.Handle[:])
+	le.PutUint64(out[48:], d.Process)
+	copy(out[56:], d.Handle[:])
 	return out, nil
 }
 
@@ -209,17 +229,18 @@ func (d *Descriptor) UnmarshalBinary(b []byte) error {
 	d.Size = le.Uint64(b[24:])
 	d.Mapped = le.Uint64(b[32:])
 	d.Offset = le.Uint64(b[40:])
-	copy(d.Handle[:], b[48:])
+	d.Process = le.Uint64(b[48:])
+	copy(d.Handle[:], b[56:])
 	return nil
 }
 
 // Local reports whether the buffer lives in this process, so its pointer can be used as is.
-func (d Descriptor) Local() bool { return d.PID == os.Getpid() }
+func (d Descriptor) Local() bool { return d.Process == ProcessID() }
 
 // DescribeUser describes memory the user allocated (cuMemAlloc) so that peers can map it:
 // the IPC handle names the whole allocation, so the descriptor records the offset of ptr in it.
 func DescribeUser(ctx *driver.Context, ptr driver.DevicePtr, size uint64) (Descriptor, error) {
-	d := Descriptor{PID: os.Getpid(), Kind: LegacyIPC, Ptr: uint64(ptr), Size: size}
+	d := Descriptor{PID: os.Getpid(), Process: ProcessID(), Kind: LegacyIPC, Ptr: uint64(ptr), Size: size}
 	base, rangeSize, err := ctx.PointerRange(ptr)
 	if err != nil {
 		return d, fmt.Errorf("memory: find the allocation of %#x: %w", uint64(ptr), err)

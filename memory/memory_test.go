@@ -9,7 +9,7 @@ import (
 )
 
 func TestDescriptorRoundTrip(t *testing.T) {
-	d := Descriptor{PID: 4242, Kind: VMM, Ptr: 0x7f1234560000, Size: 8 << 20, Mapped: 10 << 20, Offset: 4096}
+	d := Descriptor{PID: 4242, Process: 0x0123456789abcdef, Kind: VMM, Ptr: 0x7f1234560000, Size: 8 << 20, Mapped: 10 << 20, Offset: 4096}
 	for i := range d.Handle {
 		d.Handle[i] = byte(i * 3)
 	}
@@ -24,14 +24,19 @@ func TestDescriptorRoundTrip(t *testing.T) {
 	assert.ErrorContains(t, err, "different goccl versions")
 }
 
+// TestDescriptorLocal: the process identity decides, not the process id, which a process in
+// another PID namespace (another container) may share.
 func TestDescriptorLocal(t *testing.T) {
-	assert.True(t, Descriptor{PID: os.Getpid()}.Local())
-	assert.False(t, Descriptor{PID: os.Getpid() + 1}.Local())
+	assert.True(t, Descriptor{PID: os.Getpid() + 1, Process: ProcessID()}.Local())
+	assert.False(t, Descriptor{PID: os.Getpid(), Process: ProcessID() + 1}.Local())
+	assert.False(t, Descriptor{PID: os.Getpid()}.Local(), "a descriptor without a process identity is no one's")
+	assert.NotZero(t, ProcessID())
+	assert.Equal(t, ProcessID(), ProcessID(), "drawn once")
 }
 
 func TestOpenLocalUsesThePointer(t *testing.T) {
 	// A buffer of this process needs no driver call: Open returns its pointer, Close nothing.
-	m, err := Open(nil, Descriptor{PID: os.Getpid(), Kind: LegacyIPC, Ptr: 0x7f0000001000}, -1)
+	m, err := Open(nil, Descriptor{PID: os.Getpid(), Process: ProcessID(), Kind: LegacyIPC, Ptr: 0x7f0000001000}, -1)
 	require.NoError(t, err)
 	assert.Equal(t, uint64(0x7f0000001000), uint64(m.Ptr()))
 	assert.NoError(t, m.Close())
