@@ -84,19 +84,26 @@ func (c *Comm) Register(ctx context.Context, ptr driver.DevicePtr, bytes uint64)
 	if failure == nil {
 		failure = c.checkRegister(ptr, bytes)
 	}
-	slot := -1
+	slot := -1 // the slot this call holds, -1 while it holds none
 	if failure == nil {
 		slot, failure = c.table.reserve()
 	}
-	ptrs, keys, err := c.exchange(ctx, []driver.DevicePtr{ptr}, []uint64{bytes}, nil, failure)
-	if err == nil {
-		err = c.table.write(slot, ptrs[0])
+	wrap := func(err error) error {
+		return fmt.Errorf("collective: rank %d: register %#x (%d bytes): %w", c.rank, uint64(ptr), bytes, err)
 	}
+	ptrs, keys, err := c.exchange(ctx, []driver.DevicePtr{ptr}, []uint64{bytes}, nil, failure)
 	if err != nil {
+		// Nothing was written into the slot: it goes back as it is. Only a slot this call
+		// reserved goes back (a full table gave none).
 		if slot >= 0 {
-			c.table.free = append(c.table.free, slot)
+			c.table.unreserve(slot)
 		}
-		return nil, errors.Join(fmt.Errorf("collective: rank %d: register %#x (%d bytes): %w", c.rank, uint64(ptr), bytes, err), c.unopen(keys))
+		return nil, wrap(err)
+	}
+	if err := c.table.write(slot, ptrs[0]); err != nil {
+		// The write may have left part of the pointers: release zeroes the slot before it is
+		// handed out again.
+		return nil, errors.Join(wrap(err), c.table.release(slot), c.unopen(keys))
 	}
 	reg := &Registration{c: c, ptr: ptr, bytes: bytes, slot: slot, keys: keys}
 	c.registered[ptr] = reg

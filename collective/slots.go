@@ -2,6 +2,7 @@ package collective
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/goccl/goccl/driver"
@@ -41,7 +42,10 @@ func newSlotTable(ctx *driver.Context, slots, worldSize int) (*slotTable, error)
 // inUse is the number of slots held.
 func (t *slotTable) inUse() int { return t.next - len(t.free) }
 
-// reserve takes a free slot without filling it (graph capture fills it later).
+// reserve takes a free slot without filling it (graph capture fills it later). A full table
+// returns -1, never a slot number: a caller that kept 0 and gave it back on its error path
+// would put the staging slot, which every eager pull all-reduce reads through, on the free
+// list for the next registration to overwrite.
 func (t *slotTable) reserve() (int, error) {
 	if n := len(t.free); n > 0 {
 		slot := t.free[n-1]
@@ -49,23 +53,33 @@ func (t *slotTable) reserve() (int, error) {
 		return slot, nil
 	}
 	if t.next == t.slots {
-		return 0, fmt.Errorf("%w: the registration table is full (%d slots held by registered buffers and captured graphs): release registrations and close graphs that are no longer used, or raise Options.MaxSlots", ErrInvalidArgument, t.slots)
+		return -1, fmt.Errorf("%w: the registration table is full (%d slots held by registered buffers and captured graphs): release registrations and close graphs that are no longer used, or raise Options.MaxSlots", ErrInvalidArgument, t.slots)
 	}
 	t.next++
 	return t.next - 1, nil
 }
 
-// fill takes a free slot and writes ptrs into it.
+// fill takes a free slot and writes ptrs into it; it returns -1 on error.
 func (t *slotTable) fill(ptrs []driver.DevicePtr) (int, error) {
 	slot, err := t.reserve()
 	if err != nil {
-		return 0, err
+		return -1, err
 	}
 	if err := t.write(slot, ptrs); err != nil {
-		t.free = append(t.free, slot)
-		return 0, err
+		// A failed write may have left part of the pointers in the slot: it is only handed
+		// out again once zeroed.
+		return -1, errors.Join(err, t.release(slot))
 	}
 	return slot, nil
+}
+
+// unreserve gives back slots that reserve handed out and that were never written, so they
+// are still zero: the capture or registration that reserved them failed before filling them.
+// It makes no driver call, so it also serves while a panic unwinds.
+func (t *slotTable) unreserve(slots ...int) {
+	if len(slots) > 0 { // a communicator without custom kernels has no table
+		t.free = append(t.free, slots...)
+	}
 }
 
 // write stores ptrs (rank order) into slot. It is synchronous: it runs at init, Register and

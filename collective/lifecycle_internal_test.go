@@ -1,0 +1,102 @@
+package collective
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/collective/bootstrap"
+	"github.com/goccl/goccl/driver"
+)
+
+// hostComm is a rank whose custom kernels serve it, built without a driver: its buffers are
+// known device memory (the pointer cache holds them) and its ranks share one process
+// (allLocal: a buffer is described by its address), so Register reaches its exchange over
+// boot without a driver call. table is nil unless the test sets one.
+func hostComm(rank, size int, boot bootstrap.Bootstrap, buffers ...allocRange) *Comm {
+	c := &Comm{rank: rank, size: size, custom: true, allLocal: true, boot: boot, opts: Options{Timeout: time.Second},
+		registered: map[driver.DevicePtr]*Registration{}, graphs: map[*Graph]struct{}{},
+		opened: map[ipcKey]*openedBuffer{}}
+	for _, b := range buffers {
+		c.pointers.add(b)
+	}
+	return c
+}
+
+// registerAll calls Register on every rank at once, as the collective call needs, and returns
+// each rank's error.
+func registerAll(t *testing.T, comms []*Comm, ptr driver.DevicePtr, bytes uint64) []error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	errs := make([]error, len(comms))
+	done := make(chan struct{})
+	for r, c := range comms {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			_, errs[r] = c.Register(ctx, ptr, bytes)
+		}()
+	}
+	for range comms {
+		<-done
+	}
+	return errs
+}
+
+// TestFullTableKeepsStagingSlot: a Register refused because the table is full gives back no
+// slot, since it took none; above all never slot 0, the staging slot every eager pull
+// all-reduce reads its peers through, which a later registration would otherwise be handed
+// and overwrite. A Register that reserved a slot and then failed (a peer refused) gives that
+// slot back once.
+func TestFullTableKeepsStagingSlot(t *testing.T) {
+	boots, err := bootstrap.NewInProcess(2)
+	require.NoError(t, err)
+	const buf = driver.DevicePtr(0x10000)
+	comms := []*Comm{
+		hostComm(0, 2, boots[0], allocRange{base: buf, size: 1 << 20}),
+		hostComm(1, 2, boots[1], allocRange{base: buf, size: 1 << 20}),
+	}
+	// Rank 0 has one slot left; rank 1's table is full: slot 0 (staging) and a registration.
+	comms[0].table = &slotTable{slots: 3, next: 2}
+	comms[1].table = &slotTable{slots: 2, next: 2}
+
+	for r, err := range registerAll(t, comms, buf, 4096) {
+		require.Error(t, err, "rank %d", r)
+		var refused *RefusedError
+		if r == 0 {
+			require.ErrorAs(t, err, &refused, "rank 0 learns rank 1's refusal")
+		}
+		assert.ErrorContains(t, err, "registration table is full", "rank %d", r)
+	}
+	assert.Empty(t, comms[0].registered)
+	assert.Empty(t, comms[1].registered)
+
+	// Rank 1 took no slot and gave none back.
+	assert.Empty(t, comms[1].table.free)
+	assert.Equal(t, 2, comms[1].table.inUse(), "the staging slot and the registration are still held")
+	slot, err := comms[1].table.reserve()
+	require.ErrorIs(t, err, ErrInvalidArgument, "the table is still full")
+	assert.Equal(t, -1, slot)
+	// Once the registration's slot 1 is released, it is the only slot handed out.
+	comms[1].table.unreserve(1)
+	slot, err = comms[1].table.reserve()
+	require.NoError(t, err)
+	assert.Equal(t, 1, slot)
+	_, err = comms[1].table.reserve()
+	require.Error(t, err)
+
+	// Rank 0 reserved slot 2 and gave it back once.
+	assert.Equal(t, []int{2}, comms[0].table.free)
+	assert.Equal(t, 2, comms[0].table.inUse())
+	for range 2 {
+		slot, err := comms[0].table.reserve()
+		if err != nil {
+			assert.Equal(t, -1, slot)
+			break
+		}
+		assert.Equal(t, 2, slot, "rank 0: only the slot that was given back")
+	}
+}
