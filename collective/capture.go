@@ -170,8 +170,15 @@ func (c *Comm) Capture(ctx context.Context, stream *driver.Stream, fn func() err
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.capture = nil
-	if captureErr == nil && c.closed {
-		captureErr = ErrClosed
+	if c.closed {
+		// Close failed the bootstrap, so there is no exchange to make, and once Close has
+		// released the table there are no slots to give back either (they were never
+		// written: the exchange fills them).
+		graph.Close()
+		if !c.released {
+			c.table.unreserve(cs.slots...)
+		}
+		return nil, fmt.Errorf("collective: rank %d: capture: %w", c.rank, errors.Join(ErrClosed, captureErr))
 	}
 	// A failed capture still takes part in the exchange, with its failure: the peers then
 	// fail at once instead of waiting for this rank until ctx ends.

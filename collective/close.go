@@ -84,7 +84,13 @@ func (c *Comm) drainLimit() time.Duration {
 // drain waits for this communicator's queued work (eager calls and graph launches), bounded
 // by drainLimit.
 func (c *Comm) drain() error {
-	ctx, cancel := context.WithTimeout(context.Background(), c.drainLimit())
+	return c.drainBy(time.Now().Add(c.drainLimit()))
+}
+
+// drainBy is drain with the limit counted from an earlier start: the work done by deadline,
+// or an error.
+func (c *Comm) drainBy(deadline time.Time) error {
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	if err := c.work.wait(ctx); err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
@@ -101,19 +107,36 @@ func (c *Comm) drain() error {
 // finish within twice Options.Timeout plus a few seconds, Close frees nothing and returns an
 // error; calling Close again waits again and frees everything once the work is done. After a
 // Close that returned nil, Close returns nil.
+//
+// Close first closes the bootstrap, so that a Register or Capture of this rank waiting for its
+// peers fails at once (with the bootstrap's error) instead of holding Close up until its ctx
+// ends; the peers' exchanges in progress fail too. The limit above counts from the call, also
+// when Close waits for a Release or Graph.Close of another goroutine that waits for the same
+// work.
 func (c *Comm) Close() error {
+	deadline := time.Now().Add(c.drainLimit())
+	// Bootstrap.Close is safe from any goroutine and makes a call in progress fail. The
+	// communicator needs the bootstrap for no more than Register's and Capture's exchanges,
+	// which a closed communicator no longer makes.
+	var bootErr error
+	if c.boot != nil {
+		bootErr = c.boot.Close()
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.released {
 		return nil
 	}
 	c.closed = true
-	if err := c.drain(); err != nil && !errors.Is(err, driver.ErrContextLost) {
+	if bootErr != nil {
+		bootErr = fmt.Errorf("collective: close rank %d: close bootstrap: %w", c.rank, bootErr)
+	}
+	if err := c.drainBy(deadline); err != nil && !errors.Is(err, driver.ErrContextLost) {
 		// A lost context runs nothing any more: release what can be released.
-		return fmt.Errorf("collective: close rank %d: %w", c.rank, err)
+		return errors.Join(fmt.Errorf("collective: close rank %d: %w", c.rank, err), bootErr)
 	}
 	c.released = true
-	return c.release()
+	return errors.Join(bootErr, c.release())
 }
 
 // release frees in reverse order of init; it tolerates a partly built Comm.

@@ -2,6 +2,7 @@ package collective
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -98,5 +99,68 @@ func TestFullTableKeepsStagingSlot(t *testing.T) {
 			break
 		}
 		assert.Equal(t, 2, slot, "rank 0: only the slot that was given back")
+	}
+}
+
+// TestCloseInterruptsExchange: Close fails the bootstrap before it waits for the
+// communicator's lock, so a Register or Capture waiting for a peer that never comes (a stuck
+// process, a goroutine that died) fails at once instead of holding Close up until its ctx,
+// here one without deadline, ends.
+func TestCloseInterruptsExchange(t *testing.T) {
+	for _, call := range []struct {
+		name string
+		do   func(c *Comm) error
+	}{
+		{"register", func(c *Comm) error {
+			_, err := c.Register(context.Background(), 0x10000, 4096)
+			return err
+		}},
+		// Without a GPU the stream capture fails to begin; with one, the stream (never
+		// created) is refused: either way the rank takes its failure to the exchange, where
+		// it waits for the peer.
+		{"capture", func(c *Comm) error {
+			_, err := c.Capture(context.Background(), &driver.Stream{}, func() error { return nil })
+			return err
+		}},
+	} {
+		t.Run(call.name, func(t *testing.T) {
+			boots, err := bootstrap.NewInProcess(2)
+			require.NoError(t, err)
+			defer boots[1].Close()
+			c := hostComm(0, 2, boots[0], allocRange{base: 0x10000, size: 1 << 20})
+			c.table = &slotTable{slots: 4, next: 1}
+
+			callDone := make(chan error, 1)
+			go func() { callDone <- call.do(c) }()
+			// Let the call reach its exchange. Should Close come first all the same, the
+			// call fails with ErrClosed, and the test asserts the same outcome.
+			time.Sleep(100 * time.Millisecond)
+
+			start := time.Now()
+			closeDone := make(chan error, 1)
+			go func() { closeDone <- c.Close() }()
+			select {
+			case err := <-closeDone:
+				require.NoError(t, err)
+				assert.Less(t, time.Since(start), c.drainLimit(), "Close returned within its bound, but late")
+			case <-time.After(c.drainLimit() + 2*time.Second):
+				boots[0].Close()
+				t.Fatalf("Close blocked for %v behind a %s waiting for its peer", time.Since(start), call.name)
+			}
+			select {
+			case err := <-callDone:
+				require.Error(t, err)
+				assert.True(t, errors.Is(err, bootstrap.ErrClosed) || errors.Is(err, ErrClosed), "the %s fails because its rank closed: %v", call.name, err)
+			case <-time.After(5 * time.Second):
+				t.Fatalf("the %s still waits after Close", call.name)
+			}
+			assert.True(t, c.released)
+			assert.Equal(t, 1, c.table.inUse(), "no slot leaked by the failed call")
+
+			// The peer learns at once that this rank is gone.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			assert.ErrorIs(t, boots[1].Barrier(ctx), bootstrap.ErrPeerLost)
+		})
 	}
 }
