@@ -74,15 +74,20 @@ func (cs *captureState) pattern() []byte {
 // Close wait for its runs); Exec gives the executable for embedding into a larger graph.
 type Graph struct {
 	c     *Comm
-	exec  *driver.GraphExec
+	exec  *driver.GraphExec // nil once destroyed
 	slots []int
 	keys  []ipcKey
 	done  bool // closed, or its communicator closed
 }
 
-// Exec returns the instantiated CUDA graph. A caller that launches it other than through
-// Launch (as a child graph, say) must make sure those runs are complete before Close.
-func (g *Graph) Exec() *driver.GraphExec { return g.exec }
+// Exec returns the instantiated CUDA graph, or nil once the graph or its communicator is
+// closed. A caller that launches it other than through Launch (as a child graph, say) must
+// make sure those runs are complete before Close.
+func (g *Graph) Exec() *driver.GraphExec {
+	g.c.mu.Lock()
+	defer g.c.mu.Unlock()
+	return g.exec
+}
 
 // Launch replays the graph on stream. Every rank replays its own graph of the same capture,
 // in the same order as its other calls of the communicator.
@@ -106,27 +111,24 @@ func (g *Graph) Launch(stream *driver.Stream) error {
 }
 
 // Close waits for this communicator's queued work (bounded like Comm.Close), gives back the
-// graph's registration slots and peer mappings, and destroys the executable. After the
-// communicator's Close it only destroys the executable. Closing twice does nothing.
+// graph's registration slots and peer mappings, and destroys the executable. The
+// communicator's Close does all of that for the graphs still open, so a Close after it does
+// nothing and returns nil. Closing twice does nothing.
 func (g *Graph) Close() error {
 	c := g.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if g.exec == nil {
+	if g.done {
 		return nil
 	}
-	var errs []error
-	if !g.done {
-		if err := c.drain(); err != nil {
-			return fmt.Errorf("collective: rank %d: close graph: %w", c.rank, err)
-		}
-		errs = append(errs, c.table.release(g.slots...), c.unopen(g.keys))
-		delete(c.graphs, g)
-		g.done = true
+	if err := c.drain(); err != nil {
+		return fmt.Errorf("collective: rank %d: close graph: %w", c.rank, err)
 	}
-	errs = append(errs, g.exec.Close())
+	g.done = true
+	delete(c.graphs, g)
+	err := errors.Join(c.table.release(g.slots...), c.unopen(g.keys), g.exec.Close())
 	g.exec = nil
-	if err := errors.Join(errs...); err != nil {
+	if err != nil {
 		return fmt.Errorf("collective: rank %d: close graph: %w", c.rank, err)
 	}
 	return nil

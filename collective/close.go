@@ -148,10 +148,15 @@ func (c *Comm) release() error {
 		cancel()
 	}
 	// Graphs and registrations still held by the caller become inert: their slots and
-	// mappings go with the table and the opened buffers below.
+	// mappings go with the table and the opened buffers below. A graph's executable is
+	// destroyed here, while the context is still open: a Graph.Close after this Close could no
+	// longer destroy it, and the executable would leak.
 	for g := range c.graphs {
+		errs = append(errs, g.exec.Close())
+		g.exec = nil
 		g.done = true
 	}
+	clear(c.graphs)
 	for _, reg := range c.registered {
 		reg.done = true
 	}

@@ -112,3 +112,57 @@ func TestRegisterFullTableKeepsStaging(t *testing.T) {
 	g.syncAll(30 * time.Second)
 	g.check(dt, want, false, "eager OneShot after a full table")
 }
+
+// TestGraphCloseAfterCommClose: the communicator's Close destroys the executables of the graphs
+// still open while its context is still open, so a Graph.Close after it returns nil (it used
+// to fail with "context is closed", and the executable leaked).
+func TestGraphCloseAfterCommClose(t *testing.T) {
+	requireGPU(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	comms, err := collective.NewGroup(ctx, virtualRanks(2), collective.Options{Timeout: 5 * time.Second})
+	require.NoError(t, err)
+	const count = 4096
+	streams := make([]*driver.Stream, len(comms))
+	bufs := make([]driver.DevicePtr, len(comms))
+	for r, c := range comms {
+		// The stream of the communicator's own context: the graph's executable belongs to
+		// that context, which the communicator's Close closes.
+		streams[r], err = c.Context().NewStream()
+		require.NoError(t, err)
+		bufs[r], err = c.Context().Alloc(2 * count)
+		require.NoError(t, err)
+	}
+	graphs := make([]*collective.Graph, len(comms))
+	errs := make([]error, len(comms))
+	var wg sync.WaitGroup
+	for r, c := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			graphs[r], errs[r] = c.Capture(ctx, streams[r], func() error {
+				return c.AllReduce(streams[r], bufs[r], bufs[r], count, collective.BFloat16)
+			})
+		}()
+	}
+	wg.Wait()
+	for r := range comms {
+		require.NoError(t, errs[r])
+		require.NoError(t, graphs[r].Launch(streams[r]))
+	}
+	for r, c := range comms {
+		require.NoError(t, streams[r].Wait(ctx))
+		require.NoError(t, c.Err())
+		require.NoError(t, c.Context().Free(bufs[r]))
+		require.NoError(t, streams[r].Close())
+	}
+	for _, c := range comms {
+		require.NoError(t, c.Close())
+	}
+	for r, x := range graphs {
+		assert.Nil(t, x.Exec(), "rank %d: the communicator's Close destroyed the executable", r)
+		require.NoError(t, x.Close(), "rank %d", r)
+		require.NoError(t, x.Close(), "rank %d", r)
+		assert.ErrorIs(t, x.Launch(streams[r]), collective.ErrClosed)
+	}
+}

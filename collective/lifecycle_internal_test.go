@@ -164,3 +164,23 @@ func TestCloseInterruptsExchange(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseDestroysGraphs: the communicator's Close destroys the executables of the graphs
+// still open, while its context is open (a Graph.Close after it could no longer do that, and
+// the executable would leak); a Graph.Close after it then does nothing and returns nil, and a
+// Launch is refused.
+func TestCloseDestroysGraphs(t *testing.T) {
+	boots, err := bootstrap.NewInProcess(1)
+	require.NoError(t, err)
+	c := hostComm(0, 1, boots[0])
+	// An executable with no handle: its Close makes no driver call.
+	g := &Graph{c: c, exec: &driver.GraphExec{}, slots: []int{1}}
+	c.graphs[g] = struct{}{}
+
+	require.NoError(t, c.Close())
+	assert.Nil(t, g.Exec(), "the communicator's Close destroyed the executable")
+	assert.Empty(t, c.graphs)
+	require.NoError(t, g.Close())
+	require.NoError(t, g.Close())
+	assert.ErrorIs(t, g.Launch(&driver.Stream{}), ErrClosed)
+}
