@@ -31,7 +31,8 @@ import (
 // a src registered with Register is read in place (OneShot: if dst does not overlap it;
 // TwoShot: also if dst == src); otherwise it goes through this rank's staging buffer: OneShot's
 // kernel copies it there itself before its entry barrier, TwoShot's call enqueues a copy
-// before the kernel. Under Capture the pointers are exchanged after capture instead (an
+// before the kernel. Under Capture (a call on the stream that Capture records; a call on any
+// other stream meanwhile is eager) the pointers are exchanged after capture instead (an
 // in-place OneShot still stages, in its kernel).
 //
 // Outputs: when dst is visible to the peers too (registered, or any dst under Capture),
@@ -51,6 +52,9 @@ func (c *Comm) AllReduce(stream *driver.Stream, dst, src driver.DevicePtr, count
 func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, count int, dt DType, algo Algorithm) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// Captured only on the stream Capture records; any other call is eager, also while
+	// another goroutine captures.
+	defer c.endCall(c.callOn(stream))
 	if err := c.usable(); err != nil {
 		return err
 	}
@@ -141,7 +145,9 @@ func (c *Comm) launch(stream *driver.Stream, fn *driver.Function, blocks, thread
 	if err != nil {
 		return c.fail(fmt.Errorf("collective: rank %d: launch %s: %w", c.rank, fn.Name(), err))
 	}
-	if c.capture == nil {
+	// A call that Capture records runs when its graph does (Graph.Launch notes it); any
+	// other, also one on another stream while a Capture runs, is this communicator's work now.
+	if cs := c.capture; cs == nil || !cs.records(stream) {
 		if err := c.noteWork(stream); err != nil {
 			return c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
 		}

@@ -16,15 +16,52 @@ import (
 // once every rank has finished capturing. A buffer used by several calls of one capture (a
 // serving engine reuses one buffer in every layer) has one slot.
 type captureState struct {
-	index map[driver.DevicePtr]int // buffer -> its position in bufs
-	bufs  []driver.DevicePtr
-	sizes []uint64 // the largest use of each buffer
-	slots []int
-	uses  []uint32 // per shared use, in call order: its buffer's position
+	stream *driver.Stream           // the stream being captured; nil in tests of the bookkeeping alone
+	index  map[driver.DevicePtr]int // buffer -> its position in bufs
+	bufs   []driver.DevicePtr
+	sizes  []uint64 // the largest use of each buffer
+	slots  []int
+	uses   []uint32 // per shared use, in call order: its buffer's position
 }
 
 func newCaptureState() *captureState {
 	return &captureState{index: map[driver.DevicePtr]int{}}
+}
+
+// records reports whether a call on stream is one this capture records: a call on the stream
+// being captured (two wrappers of one CUstream are one stream). Capture runs fn without
+// holding the communicator's lock, so a call on another stream can come meanwhile, from
+// another goroutine or from fn: that call is eager, and must neither take this capture's slots
+// nor add to its pattern, and Close must wait for its work.
+func (cs *captureState) records(stream *driver.Stream) bool {
+	if stream == nil || cs.stream == nil {
+		return stream == cs.stream
+	}
+	return stream == cs.stream || stream.Handle() != 0 && stream.Handle() == cs.stream.Handle()
+}
+
+// callOn makes c.capture, for the length of one call on stream, the capture that the call
+// records into: the one in progress if the call is on the stream being captured, else none.
+// It returns the capture it hid, which endCall puts back when the call is done:
+//
+//	defer c.endCall(c.callOn(stream))
+//
+// The call holds c.mu from before callOn to after endCall, so no other goroutine sees the
+// capture hidden, and everything the call consults (sharedOutput, inputSlot, pullOutput,
+// route, shape, launch) needs only ask whether c.capture is set. It costs no allocation.
+func (c *Comm) callOn(stream *driver.Stream) (hidden *captureState) {
+	if cs := c.capture; cs != nil && !cs.records(stream) {
+		c.capture = nil
+		return cs
+	}
+	return nil
+}
+
+// endCall puts back the capture that callOn hid, if any.
+func (c *Comm) endCall(hidden *captureState) {
+	if hidden != nil {
+		c.capture = hidden
+	}
 }
 
 // record returns the input slot of one captured all-reduce, and whether it is the staging
@@ -134,27 +171,38 @@ func (g *Graph) Close() error {
 	return nil
 }
 
-// Capture records the all-reduces that fn issues on stream (and on streams forked from it)
-// into a CUDA graph and returns it instantiated, ready to Launch on any stream of this device.
-// It is a collective call: every rank captures the same sequence of all-reduces (ranks of one
-// process call Capture from separate goroutines), and afterwards the ranks exchange their
-// input buffers (and the TwoShot outputs, which it writes into directly), so those buffers
-// must stay allocated while the graph is in use. Ranks that recorded different numbers of
-// all-reduces, or that share buffers between calls in different ways, get an error, never a
-// graph that reads wrong memory; a rank whose capture failed makes every rank fail at once
-// (*RefusedError names it). ctx bounds the exchange. The caller owns the returned graph:
-// Close it to give its registration slots back.
+// Capture records the all-reduces that fn issues on stream into a CUDA graph and returns it
+// instantiated, ready to Launch on any stream of this device. It is a collective call: every
+// rank captures the same sequence of all-reduces (ranks of one process call Capture from
+// separate goroutines), and afterwards the ranks exchange their input buffers (and the TwoShot
+// outputs, which it writes into directly), so those buffers must stay allocated while the
+// graph is in use. Ranks that recorded different numbers of all-reduces, or that share
+// buffers between calls in different ways, get an error, never a graph that reads wrong
+// memory; a rank whose capture failed makes every rank fail at once (*RefusedError names it).
+// ctx bounds the exchange. The caller owns the returned graph: Close it to give its
+// registration slots back.
+//
+// Only calls on stream itself are Capture's: calls of this communicator on other streams
+// while fn runs, from other goroutines or from fn, are eager calls, as outside Capture. One on
+// a stream forked from stream (which the driver records into the same graph) is then a call
+// captured into the caller's own graph: its input goes through the staging buffer unless it
+// is registered, and its output is written as an eager call's.
 func (c *Comm) Capture(ctx context.Context, stream *driver.Stream, fn func() error) (*Graph, error) {
 	c.mu.Lock()
 	if err := c.usable(); err != nil {
 		c.mu.Unlock()
 		return nil, err
 	}
+	if stream == nil {
+		c.mu.Unlock()
+		return nil, invalid("capture on a nil stream")
+	}
 	if c.capture != nil {
 		c.mu.Unlock()
 		return nil, invalid("rank %d is already capturing", c.rank)
 	}
 	cs := newCaptureState()
+	cs.stream = stream
 	c.capture = cs
 	c.mu.Unlock()
 

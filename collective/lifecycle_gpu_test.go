@@ -2,6 +2,7 @@ package collective_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -165,4 +166,71 @@ func TestGraphCloseAfterCommClose(t *testing.T) {
 		require.NoError(t, x.Close(), "rank %d", r)
 		assert.ErrorIs(t, x.Launch(streams[r]), collective.ErrClosed)
 	}
+}
+
+// TestEagerCallDuringCapture: an all-reduce that another goroutine issues on another stream
+// while a rank captures is an eager call: it runs now and sums its own inputs, takes no slot
+// of the capture (a captured call's slot is filled only after capture: an eager kernel
+// reading it would record ErrUnfilledSlot) and leaves the captured graph as it would be
+// without it.
+func TestEagerCallDuringCapture(t *testing.T) {
+	requireGPU(t)
+	const nbytes = 16 << 10
+	dt := dtype.BFloat16
+	count := nbytes / dt.Size()
+	g := newGroup(t, virtualRanks(2), collective.Options{Algorithm: collective.OneShot, Timeout: 5 * time.Second}, nbytes)
+	eagerIn, eagerOut := g.allocEach(nbytes), g.allocEach(nbytes)
+	eagerStreams := make([]*driver.Stream, len(g.ranks))
+	rng := rand.New(rand.NewPCG(7, 8))
+	eagerInputs := make([][]byte, len(g.ranks))
+	for r, rb := range g.ranks {
+		var err error
+		eagerStreams[r], err = rb.comm.Context().NewStream()
+		require.NoError(t, err)
+		defer eagerStreams[r].Close()
+		eagerInputs[r] = ref.Random(rng, dt, nbytes)
+		require.NoError(t, rb.comm.Context().CopyHtoD(eagerIn[r], eagerInputs[r]))
+	}
+
+	graphs := make([]*collective.Graph, len(g.ranks))
+	g.parallel(func(rb *rankBufs) error {
+		r := rb.comm.Rank()
+		var err error
+		graphs[r], err = rb.comm.Capture(context.Background(), rb.stream, func() error {
+			eager := make(chan error, 1)
+			go func() { eager <- rb.comm.AllReduce(eagerStreams[r], eagerOut[r], eagerIn[r], count, dt) }()
+			if err := <-eager; err != nil {
+				return fmt.Errorf("eager call during capture: %w", err)
+			}
+			return rb.comm.AllReduce(rb.stream, rb.out, rb.in, count, dt)
+		})
+		return err
+	})
+	defer func() {
+		for _, x := range graphs {
+			require.NoError(t, x.Close())
+		}
+	}()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	want, err := ref.OneShot(dt, eagerInputs)
+	require.NoError(t, err)
+	for r, rb := range g.ranks {
+		require.NoError(t, eagerStreams[r].Wait(ctx))
+		require.NoError(t, rb.comm.Err(), "rank %d", r)
+		got := make([]byte, nbytes)
+		require.NoError(t, rb.comm.Context().CopyDtoH(got, eagerOut[r]))
+		n, _ := ref.Compare(dt, want, got)
+		assert.Zero(t, n, "rank %d: elements of the eager call wrong", r)
+	}
+
+	inputs := g.fill(rng, dt, nbytes, false)
+	want, err = ref.OneShot(dt, inputs)
+	require.NoError(t, err)
+	for r, rb := range g.ranks {
+		require.NoError(t, graphs[r].Launch(rb.stream))
+	}
+	g.syncAll(30 * time.Second)
+	g.check(dt, want, false, "graph captured beside an eager call")
 }

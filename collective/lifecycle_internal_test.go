@@ -184,3 +184,51 @@ func TestCloseDestroysGraphs(t *testing.T) {
 	require.NoError(t, g.Close())
 	assert.ErrorIs(t, g.Launch(&driver.Stream{}), ErrClosed)
 }
+
+// TestEagerCallDuringCapture: while Capture runs fn, which it does without the
+// communicator's lock, a call on a stream other than the captured one (another goroutine's
+// eager all-reduce) is eager: it reads its input through the staging slot, sees no shared
+// output, and neither takes a slot of the capture nor adds to its pattern. A call on the
+// captured stream is captured. Telling them apart costs no allocation.
+func TestEagerCallDuringCapture(t *testing.T) {
+	const base = driver.DevicePtr(0x7000_0000)
+	src, dst := driver.DevicePtr(0x1000_0000), driver.DevicePtr(0x2000_0000)
+	const n = 4096
+	c := &Comm{table: &slotTable{base: base, slots: 8, next: 1}, registered: map[driver.DevicePtr]*Registration{}}
+	captured, other := &driver.Stream{}, &driver.Stream{}
+	cs := newCaptureState()
+	cs.stream = captured
+	c.capture = cs
+
+	hidden := c.callOn(other)
+	assert.Nil(t, c.capture, "an eager call sees no capture")
+	slot, staged, err := c.inputSlot(OneShot, dst, src, n)
+	require.NoError(t, err)
+	assert.Equal(t, [2]any{base, true}, [2]any{slot, staged}, "through the staging slot")
+	_, shared := c.sharedOutput(dst, n)
+	assert.False(t, shared)
+	c.endCall(hidden)
+	assert.Same(t, cs, c.capture, "the capture is back once the call is done")
+	assert.Empty(t, cs.slots)
+	assert.Empty(t, cs.uses)
+	assert.Equal(t, 1, c.table.inUse())
+
+	hidden = c.callOn(captured)
+	assert.Same(t, cs, c.capture)
+	slot, staged, err = c.inputSlot(OneShot, dst, src, n)
+	require.NoError(t, err)
+	assert.Equal(t, [2]any{base + slotBytes, false}, [2]any{slot, staged}, "a slot of the capture's own")
+	_, shared = c.sharedOutput(dst, n)
+	assert.True(t, shared)
+	c.endCall(hidden)
+	assert.Same(t, cs, c.capture)
+	assert.Equal(t, []int{1}, cs.slots)
+	assert.Equal(t, []uint32{0}, cs.uses)
+
+	assert.True(t, cs.records(captured))
+	assert.False(t, cs.records(other))
+	assert.False(t, cs.records(nil))
+	assert.Zero(t, testing.AllocsPerRun(100, func() { c.endCall(c.callOn(other)) }))
+	assert.Zero(t, testing.AllocsPerRun(100, func() { c.endCall(c.callOn(captured)) }))
+	assert.Same(t, cs, c.capture)
+}
