@@ -187,6 +187,11 @@ func (g *Graph) Close() error {
 // a stream forked from stream (which the driver records into the same graph) is then a call
 // captured into the caller's own graph: its input goes through the staging buffer unless it
 // is registered, and its output is written as an eager call's.
+//
+// If fn panics, Capture ends the stream capture, gives back the slots the capture reserved
+// and takes the rank out of capture (eager calls go on as before), and the panic goes on.
+// This rank then takes no part in the exchange: the peers' Capture fails when their ctx ends,
+// and the bootstrap, failed by that, refuses later Register and Capture calls on every rank.
 func (c *Comm) Capture(ctx context.Context, stream *driver.Stream, fn func() error) (*Graph, error) {
 	c.mu.Lock()
 	if err := c.usable(); err != nil {
@@ -211,10 +216,7 @@ func (c *Comm) Capture(ctx context.Context, stream *driver.Stream, fn func() err
 	captureErr := stream.BeginCapture(driver.CaptureRelaxed)
 	var graph *driver.Graph
 	if captureErr == nil {
-		captureErr = fn()
-		var endErr error
-		graph, endErr = stream.EndCapture()
-		captureErr = errors.Join(captureErr, endErr)
+		graph, captureErr = c.record(stream, cs, fn)
 	}
 
 	c.mu.Lock()
@@ -256,4 +258,34 @@ func (c *Comm) Capture(ctx context.Context, stream *driver.Stream, fn func() err
 	g := &Graph{c: c, exec: exec, slots: cs.slots, keys: keys}
 	c.graphs[g] = struct{}{}
 	return g, nil
+}
+
+// record runs fn inside the capture begun on stream and ends the capture. If fn does not
+// return (it panics, or ends its goroutine), record ends the capture and destroys what it
+// recorded, takes the communicator out of capture and gives back the slots that fn's calls
+// reserved, and lets the panic go on: left as it was, the stream would stay in capture and
+// every later Capture of this rank would be refused as "already capturing".
+func (c *Comm) record(stream *driver.Stream, cs *captureState, fn func() error) (graph *driver.Graph, err error) {
+	returned := false
+	defer func() {
+		if returned {
+			return
+		}
+		if g, endErr := stream.EndCapture(); endErr == nil {
+			g.Close()
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.capture == cs {
+			c.capture = nil
+		}
+		if !c.released {
+			// Never written: the slots are filled only after the exchange.
+			c.table.unreserve(cs.slots...)
+		}
+	}()
+	err = fn()
+	returned = true
+	graph, endErr := stream.EndCapture()
+	return graph, errors.Join(err, endErr)
 }

@@ -234,3 +234,65 @@ func TestEagerCallDuringCapture(t *testing.T) {
 	g.syncAll(30 * time.Second)
 	g.check(dt, want, false, "graph captured beside an eager call")
 }
+
+// TestCapturePanic: a panic in Capture's fn reaches the caller, and leaves the rank out of
+// capture, its stream no longer capturing and the capture's slots given back, so that the next
+// Capture works. More panicking captures run than the table has room for, had their slots
+// stayed taken.
+func TestCapturePanic(t *testing.T) {
+	requireGPU(t)
+	const nbytes = 16 << 10
+	dt := dtype.BFloat16
+	count := nbytes / dt.Size()
+	// The staging slot and two more: a direct TwoShot shares its input and its output.
+	g := newGroup(t, virtualRanks(2), collective.Options{Algorithm: collective.TwoShot, MaxSlots: 3, Timeout: 5 * time.Second}, nbytes)
+	const boom = "fn panics"
+	for round := range 3 {
+		g.parallel(func(rb *rankBufs) error {
+			var recovered any
+			func() {
+				defer func() {
+					if p := recover(); p != nil {
+						recovered = p
+					}
+				}()
+				_, err := rb.comm.Capture(context.Background(), rb.stream, func() error {
+					if err := rb.comm.AllReduce(rb.stream, rb.out, rb.in, count, dt); err != nil {
+						return err
+					}
+					panic(boom)
+				})
+				recovered = err
+			}()
+			if recovered != boom {
+				return fmt.Errorf("round %d, rank %d: Capture ended with %v, want the panic %q", round, rb.comm.Rank(), recovered, boom)
+			}
+			if capturing, err := rb.stream.IsCapturing(); err != nil || capturing {
+				return fmt.Errorf("round %d, rank %d: stream still capturing (%v)", round, rb.comm.Rank(), err)
+			}
+			return nil
+		})
+	}
+
+	graphs := make([]*collective.Graph, len(g.ranks))
+	g.parallel(func(rb *rankBufs) error {
+		var err error
+		graphs[rb.comm.Rank()], err = rb.comm.Capture(context.Background(), rb.stream, func() error {
+			return rb.comm.AllReduce(rb.stream, rb.out, rb.in, count, dt)
+		})
+		return err
+	})
+	defer func() {
+		for _, x := range graphs {
+			require.NoError(t, x.Close())
+		}
+	}()
+	inputs := g.fill(rand.New(rand.NewPCG(9, 10)), dt, nbytes, false)
+	want, err := ref.TwoShot(dt, inputs)
+	require.NoError(t, err)
+	for r, rb := range g.ranks {
+		require.NoError(t, graphs[r].Launch(rb.stream))
+	}
+	g.syncAll(30 * time.Second)
+	g.check(dt, want, false, "graph captured after panicking captures")
+}
