@@ -109,6 +109,8 @@ func (c *Comm) AllReduceResidualRMSNorm(stream *driver.Stream, a FusedArgs) erro
 func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, algo Algorithm) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// Captured only on the stream Capture records, as AllReduce.
+	defer c.endCall(c.callOn(stream))
 	if err := c.usable(); err != nil {
 		return err
 	}
