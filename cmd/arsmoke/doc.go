@@ -50,14 +50,18 @@
 //	              them unless --ranks or --procs says otherwise).
 //	--procs N     run N processes of one rank each, 2 to 16: arsmoke starts N
 //	              copies of itself with the same flags, which join through a
-//	              Unix socket. Ranks go to GPUs as with --ranks. Rank 0
-//	              prints the results; the others' messages come prefixed
+//	              Unix socket. Ranks go to GPUs as with --ranks. After each
+//	              case the processes combine their results (times, wrong
+//	              elements, first mismatch, errors), so the results cover
+//	              every rank and every process ends with the same verdict;
+//	              rank 0 prints them, the others' messages come prefixed
 //	              with their rank. If one fails, the others are stopped; once
 //	              one has finished, the others get --timeout to follow. With
 //	              --backend nccl or both and the processes on one GPU, each
 //	              gets its own NCCL_HOSTID (see NCCL).
-//	--timeout d   the longest wait for a peer (bootstrap, and the kernels'
-//	              watchdog) before the run fails naming the rank and the peer
+//	--timeout d   the longest wait for a peer (bootstrap, the kernels'
+//	              watchdog, and with --procs the other processes' results of
+//	              a case) before the run fails naming the rank and the peer
 //	              (default 10s).
 //	--json        print the results as one JSON document instead of the
 //	              table (see below); nothing else goes to stdout.

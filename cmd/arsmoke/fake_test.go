@@ -26,11 +26,18 @@ func TestMain(m *testing.M) {
 	if os.Getenv("CUDA_MPS_PIPE_DIRECTORY") == "" {
 		raiseConnections()
 	}
-	if _, child := os.LookupEnv(envRank); child {
-		if mode := os.Getenv(envFake); mode != "" {
+	if rank, child := os.LookupEnv(envRank); child {
+		mode := os.Getenv(envFake)
+		if mode != "" {
 			installFake(mode)
 		}
-		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+		code := run(os.Args[1:], os.Stdout, os.Stderr)
+		if mode == "hangexit0" && rank == "0" {
+			// A process that does not exit once its run is over, as one stuck in the
+			// driver's teardown.
+			time.Sleep(time.Hour)
+		}
+		os.Exit(code)
 	}
 	os.Exit(m.Run())
 }
@@ -115,8 +122,11 @@ func useFake(t *testing.T, visible int, build func(engineConfig) (engine, error)
 
 // installFake sets up a --procs child (see TestMain). Modes: "ok"; "fail1":
 // rank 1 cannot start; "hang0": rank 0 never returns from its first
-// all-reduce; "hostid" and "nohostid": a child fails unless NCCL_HOSTID is
-// set for it (and not set, see checkHostEnv).
+// all-reduce; "hangexit0": rank 0 does not exit after its run (see TestMain); "wrong1": rank 1's outputs are wrong in every case (5 elements,
+// the first at index 3), all-reduce and fused; "slow1": rank 1 takes 10 times
+// as long as rank 0; "err1": rank 1's 4 KiB cases fail; "hostid" and
+// "nohostid": a child fails unless NCCL_HOSTID is set for it (and not set,
+// see checkHostEnv).
 func installFake(mode string) {
 	gocclVersion = "v0.1.0-test"
 	countDevices = func() (int, error) { return 1, nil }
@@ -139,6 +149,38 @@ func installFake(mode string) {
 			f.measure = func(Case) (Measurement, error) {
 				time.Sleep(time.Hour)
 				return Measurement{}, nil
+			}
+		case mode == "wrong1" && cfg.Proc.Rank == 1:
+			f.measure = func(c Case) (Measurement, error) {
+				m := recorded(c)
+				m.Wrong = 5
+				m.First = &Mismatch{Rank: 1, Index: 3, Expected: "0x3f80 (1)", Got: "0x0000 (0)"}
+				return m, nil
+			}
+			fakeFused = func(c FusedCase) (FusedMeasurement, error) {
+				m := recordedFused(c)
+				m.UnfusedWrong = 5
+				m.First = &FusedMismatch{Call: "unfused", Output: "sum",
+					Mismatch: Mismatch{Rank: 1, Index: 3, Expected: "0x3f80 (1)", Got: "0x0000 (0)"}}
+				return m, nil
+			}
+		case mode == "slow1" && cfg.Proc.Rank == 1:
+			f.measure = func(c Case) (Measurement, error) {
+				m := recorded(c)
+				m.Time *= 10
+				return m, nil
+			}
+			fakeFused = func(c FusedCase) (FusedMeasurement, error) {
+				m := recordedFused(c)
+				m.Fused, m.Unfused = 10*m.Fused, 10*m.Unfused
+				return m, nil
+			}
+		case mode == "err1" && cfg.Proc.Rank == 1:
+			f.measure = func(c Case) (Measurement, error) {
+				if c.Bytes == 4096 {
+					return Measurement{}, errors.New("fake child: rank 1's launch failed")
+				}
+				return recorded(c), nil
 			}
 		}
 		return f, nil

@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/goccl/goccl/collective"
 )
@@ -96,7 +97,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 // runRanks runs the sweep on the ranks this process drives: all of them, or
-// proc's one in a --procs child, where only rank 0 prints the results.
+// proc's one in a --procs child, where the processes combine their results
+// after each case (resultGroup) and only rank 0 prints them.
 func runRanks(ctx context.Context, c config, proc *procInfo, stdout, stderr io.Writer) int {
 	r := newReport(c)
 	devices, err := findDevices(c)
@@ -108,20 +110,40 @@ func runRanks(ctx context.Context, c config, proc *procInfo, stdout, stderr io.W
 		fmt.Fprintf(stderr, "arsmoke: %v\n", err)
 		return exitUsage
 	}
+	var group *resultGroup
+	if err == nil && proc != nil {
+		group, err = joinResults(ctx, proc, c.timeout)
+	}
 	if err == nil {
-		err = measure(ctx, c, devices, proc, r, newProgress(stderr, c))
+		err = measure(ctx, c, devices, proc, group, r, newProgress(stderr, c))
 	}
 	r.finish(err)
 	code := exitFail
 	if r.Verdict.Pass {
 		code = exitPass
 	}
-	if proc != nil && proc.Rank != 0 {
-		if code != exitPass {
-			fmt.Fprintln(stderr, r.Verdict.Line)
-		}
-		return code
+	if proc == nil || proc.Rank == 0 {
+		code = printReport(c, r, code, stdout, stderr)
 	}
+	shown := "" // the verdict line rank 0 printed, where this process knows it
+	if group != nil {
+		if shown, err = group.end(ctx, r.Verdict.Line); err != nil {
+			fmt.Fprintf(stderr, "arsmoke: %v\n", err)
+			code = exitFail
+		}
+	}
+	if proc != nil && proc.Rank != 0 && !r.Verdict.Pass && r.Verdict.Line != shown {
+		// What rank 0 printed does not say it: this rank failed on its own.
+		fmt.Fprintln(stderr, r.Verdict.Line)
+	}
+	return code
+}
+
+// printReport prints the report of a run that ended with code: the table or JSON on stdout,
+// and the verdict on stderr where stdout does not show it. It returns code, or exitFail if
+// the results could not be written.
+func printReport(c config, r *report, code int, stdout, stderr io.Writer) int {
+	var err error
 	switch {
 	case c.json:
 		err = renderJSON(stdout, r)
@@ -132,7 +154,6 @@ func runRanks(ctx context.Context, c config, proc *procInfo, stdout, stderr io.W
 		err = renderText(stdout, r)
 	default:
 		// Nothing ran: no table, only why.
-		err = nil
 		fmt.Fprintln(stderr, r.Verdict.Line)
 	}
 	if err != nil {
@@ -143,8 +164,9 @@ func runRanks(ctx context.Context, c config, proc *procInfo, stdout, stderr io.W
 }
 
 // measure builds the engine for the ranks placed on devices and sweeps,
-// filling r.
-func measure(ctx context.Context, c config, devices []int, proc *procInfo, r *report, prog *progress) error {
+// filling r. In a --procs child, group combines each case's results with the
+// other processes'.
+func measure(ctx context.Context, c config, devices []int, proc *procInfo, group *resultGroup, r *report, prog *progress) error {
 	r.Ranks = len(devices)
 	cfg := planEngine(c, devices, c.backend == backendGoccl && ncclLoads())
 	if c.fused != nil {
@@ -161,14 +183,31 @@ func measure(ctx context.Context, c config, devices []int, proc *procInfo, r *re
 		mode += "; NCCL sees each process as a host of its own (NCCL_HOSTID) and connects them over sockets"
 	}
 	eng, err := newEngine(ctx, cfg)
+	if group != nil {
+		// Every process learns whether all of them have their engine, so that a set-up
+		// failure ends every process's run with the same reason, rank 0's report included.
+		// The wait is that of the communicators' set-up (communicators).
+		_, all := exchange(ctx, group, c.timeout+30*time.Second, "set up", struct{}{}, err)
+		if all != nil && err == nil {
+			// Another process has none: this one's is of no use.
+			if cerr := eng.Close(); cerr != nil {
+				all = fmt.Errorf("%w (and closing this rank's engine: %v)", all, cerr)
+			}
+		}
+		err = all
+	}
 	if err != nil {
 		return fmt.Errorf("set up %s: %w", describeMode(devices, c.procs), err)
 	}
 	r.describe(eng.Describe(), len(devices), mode)
+	run := eng
+	if group != nil {
+		run = &combinedEngine{engine: eng, group: group}
+	}
 	if c.fused != nil {
-		err = sweepFused(ctx, eng, c, r, prog)
+		err = sweepFused(ctx, run, c, r, prog)
 	} else {
-		err = sweep(ctx, eng, c, len(devices), r, prog)
+		err = sweep(ctx, run, c, len(devices), r, prog)
 	}
 	if cerr := eng.Close(); cerr != nil && err == nil {
 		err = fmt.Errorf("close the engine: %w", cerr)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -48,19 +49,36 @@ func TestProcsPass(t *testing.T) {
 	assert.True(t, strings.HasSuffix(stdout, "arsmoke: PASS — 3 ranks, bf16, 3 sizes, 0 wrong\n"), stdout)
 }
 
+// TestProcsOneFails: rank 1 cannot set up; every process stops with its reason, which rank 0
+// reports once.
 func TestProcsOneFails(t *testing.T) {
 	code, _, stderr, took := runProcs(t, "fail1", "--procs", "2", "-b", "1K", "-e", "4K", "--timeout", "30s")
 	assert.Equal(t, exitFail, code)
 	assert.Less(t, took, 20*time.Second, "a failed rank stops the others at once, not after --timeout")
-	assert.Contains(t, stderr, "rank 1: arsmoke: FAIL — 2 ranks, bf16, 3 sizes: set up 2 ranks, 2 processes, all on GPU 0: fake child: rank 1 cannot join\n")
-	assert.Contains(t, stderr, "arsmoke: --procs 2: rank 1 failed (exit status 1)")
+	const verdict = "arsmoke: FAIL — 2 ranks, bf16, 3 sizes: set up 2 ranks, 2 processes, all on GPU 0: rank 1: fake child: rank 1 cannot join\n"
+	assert.Contains(t, stderr, "rank 0: "+verdict)
+	assert.Equal(t, 1, strings.Count(stderr, verdict), "rank 1 does not repeat what rank 0 said:\n%s", stderr)
+	assert.Regexp(t, `(?m)^arsmoke: --procs 2: rank [01] failed \(exit status 1\)`, stderr)
 }
 
+// TestProcsOneHangs: rank 0 never finishes its first case; rank 1 waits --timeout for its
+// results, then fails naming rank 0, and the parent stops rank 0.
 func TestProcsOneHangs(t *testing.T) {
 	code, stdout, stderr, took := runProcs(t, "hang0", "--procs", "2", "-b", "1K", "-e", "4K", "--timeout", "1s")
 	assert.Equal(t, exitFail, code)
 	assert.Less(t, took, 20*time.Second)
 	assert.Empty(t, stdout)
+	assert.Regexp(t, `rank 1: arsmoke: FAIL — 2 ranks, bf16, 3 sizes: auto, 1024 B out-of-place: combine the results with the other ranks': bootstrap rank 1: AllGather #\d+: gave up after \S+ waiting for rank 0 to answer`, stderr)
+	assert.Contains(t, stderr, "arsmoke: --procs 2: rank 1 failed (exit status 1); stopped ranks 0\n")
+}
+
+// TestProcsOneDoesNotExit: rank 0 prints its results but its process never exits; once rank
+// 1 has finished, the parent gives rank 0 --timeout, then stops it.
+func TestProcsOneDoesNotExit(t *testing.T) {
+	code, stdout, stderr, took := runProcs(t, "hangexit0", "--procs", "2", "-b", "1K", "-e", "4K", "--timeout", "1s")
+	assert.Equal(t, exitFail, code)
+	assert.Less(t, took, 20*time.Second)
+	assert.True(t, strings.HasSuffix(stdout, "arsmoke: PASS — 2 ranks, bf16, 3 sizes, 0 wrong\n"), stdout)
 	assert.Contains(t, stderr, "arsmoke: --procs 2: rank 1 finished, but ranks 0 did not exit within --timeout 1s; stopped ranks 0\n")
 }
 
@@ -126,4 +144,87 @@ func TestChildEnvDropsRaisedConnections(t *testing.T) {
 	assert.NotContains(t, childEnv(), collective.MaxConnectionsEnv+"=32")
 	raisedConnections = false
 	assert.Contains(t, childEnv(), collective.MaxConnectionsEnv+"=32", "the user's own setting is passed on")
+}
+
+// procsReport runs a --procs parent with --json and decodes rank 0's stdout.
+func procsReport(t *testing.T, mode string, args ...string) (code int, r report, stderr string) {
+	t.Helper()
+	code, stdout, stderr, _ := runProcs(t, mode, append(args, "--json")...)
+	require.NoError(t, json.Unmarshal([]byte(stdout), &r), "stdout is not one JSON document:\n%s\nstderr:\n%s", stdout, stderr)
+	return code, r, stderr
+}
+
+// TestProcsWrongOnOtherRank: each process checks only its own rank's outputs, so what rank 0
+// prints must come from every process's counts: rank 1's wrong elements are in rank 0's
+// table, JSON and verdict, and every rank exits 1.
+func TestProcsWrongOnOtherRank(t *testing.T) {
+	const verdict = "arsmoke: FAIL — 2 ranks, bf16, 3 sizes, 30 wrong; first: auto, 1024 B out-of-place, rank 1, element 3: expected 0x3f80 (1), got 0x0000 (0)"
+	code, r, stderr := procsReport(t, "wrong1", "--procs", "2", "-b", "1K", "-e", "4K")
+	assert.Equal(t, exitFail, code, stderr)
+	assert.False(t, r.Verdict.Pass)
+	assert.Equal(t, verdict, r.Verdict.Line)
+	require.Len(t, r.Blocks, 1)
+	assert.EqualValues(t, 30, r.Blocks[0].Wrong, "5 wrong on rank 1 in each of 6 cases")
+	for _, row := range r.Blocks[0].Rows {
+		assert.EqualValues(t, 5, row.OutOfPlace.Wrong, "%d B", row.Bytes)
+		assert.EqualValues(t, 5, row.InPlace.Wrong, "%d B", row.Bytes)
+	}
+	require.NotNil(t, r.First)
+	assert.Equal(t, 1, r.First.Rank)
+	assert.Equal(t, 1, strings.Count(stderr, verdict), "rank 1 prints no second copy of the verdict rank 0 printed:\n%s", stderr)
+
+	code, stdout, stderr, _ := runProcs(t, "wrong1", "--procs", "3", "-b", "1K", "-e", "4K")
+	assert.Equal(t, exitFail, code)
+	assert.True(t, strings.HasSuffix(stdout, "arsmoke: FAIL — 3 ranks, bf16, 3 sizes, 30 wrong; first: auto, 1024 B out-of-place, rank 1, element 3: expected 0x3f80 (1), got 0x0000 (0)\n"), stdout)
+	assert.NotContains(t, stderr, "FAIL —", "rank 0's table says it all")
+}
+
+// TestProcsSlowestRank: the time of a case is the slowest rank's, also when that rank is
+// another process.
+func TestProcsSlowestRank(t *testing.T) {
+	code, fast, stderr := procsReport(t, "ok", "--procs", "2", "-b", "1K", "-e", "4K")
+	require.Equal(t, exitPass, code, stderr)
+	code, slow, stderr := procsReport(t, "slow1", "--procs", "2", "-b", "1K", "-e", "4K")
+	require.Equal(t, exitPass, code, stderr)
+	require.Len(t, slow.Blocks, 1)
+	require.Len(t, slow.Blocks[0].Rows, 3)
+	for i, row := range slow.Blocks[0].Rows {
+		want := fast.Blocks[0].Rows[i]
+		assert.InDelta(t, 10*want.OutOfPlace.TimeUS, row.OutOfPlace.TimeUS, 0.01, "%d B out of place", row.Bytes)
+		assert.InDelta(t, 10*want.InPlace.TimeUS, row.InPlace.TimeUS, 0.01, "%d B in place", row.Bytes)
+	}
+}
+
+// TestProcsFusedCombined: the fused mode combines the processes' results as the sweep does.
+func TestProcsFusedCombined(t *testing.T) {
+	args := []string{"--procs", "2", "--fused", "--rows", "1,8"}
+	code, fast, stderr := procsReport(t, "ok", args...)
+	require.Equal(t, exitPass, code, stderr)
+	code, slow, stderr := procsReport(t, "slow1", args...)
+	require.Equal(t, exitPass, code, stderr)
+	require.Len(t, slow.Fused.Blocks, 1)
+	for i, row := range slow.Fused.Blocks[0].Rows {
+		want := fast.Fused.Blocks[0].Rows[i]
+		assert.InDelta(t, 10*want.FusedUS, row.FusedUS, 0.01, "%d rows", row.Rows)
+		assert.InDelta(t, 10*want.UnfusedUS, row.UnfusedUS, 0.01, "%d rows", row.Rows)
+	}
+
+	code, wrong, stderr := procsReport(t, "wrong1", args...)
+	assert.Equal(t, exitFail, code, stderr)
+	assert.False(t, wrong.Verdict.Pass)
+	assert.EqualValues(t, 10, wrong.Fused.Blocks[0].Wrong, "5 wrong on rank 1 at each of 2 row counts")
+	require.NotNil(t, wrong.Fused.First)
+	assert.Equal(t, 1, wrong.Fused.First.Rank)
+	assert.Contains(t, wrong.Verdict.Line, "10 wrong; first: auto, 1 rows, unfused call, sum, rank 1, element 3")
+}
+
+// TestProcsErrorOnOtherRank: a case that fails on rank 1 ends the sweep on every rank, and
+// rank 0's results say which rank failed and why.
+func TestProcsErrorOnOtherRank(t *testing.T) {
+	code, r, stderr := procsReport(t, "err1", "--procs", "2", "-b", "1K", "-e", "8K")
+	assert.Equal(t, exitFail, code, stderr)
+	assert.Equal(t, "auto, 4096 B out-of-place: rank 1: fake child: rank 1's launch failed", r.Error)
+	require.Len(t, r.Blocks, 1)
+	assert.Len(t, r.Blocks[0].Rows, 2, "the sizes measured before the failure")
+	assert.Equal(t, 1, strings.Count(stderr, "FAIL —"), "one verdict, rank 0's:\n%s", stderr)
 }
