@@ -36,7 +36,11 @@
 //	              side, one table per algorithm with the speedup. NCCL needs
 //	              libnccl and one rank per GPU, or --procs (see NCCL).
 //	-g            capture the all-reduces in a CUDA graph and replay it
-//	              (default: eager calls).
+//	              (default: eager calls): the -n timed ones in one graph per
+//	              rank, replayed untimed for the warm-up, so that -w rounds
+//	              up to whole graphs (-w 10 -n 100: one replay of 100; -w 0:
+//	              none, and the graph's upload to the GPU, which its first
+//	              launch does, is part of the time).
 //	-n iterations timed all-reduces per size and placement (default 100).
 //	-w iterations untimed warm-up all-reduces before them (default 10).
 //	-c 0|1        check the results (default 1): fresh random inputs for

@@ -446,8 +446,8 @@ func (e *gpuEngine) allReduce(algo collective.Algorithm, c Case, count int) func
 // events on the rank's stream; the slowest rank's mean is the result. Graphs are captured
 // through backend's communicator. Eagerly: warmup untimed
 // calls, then iters timed ones. With graph: iters calls captured into one CUDA graph per rank
-// (Comm.Capture, as each process of a real job would), replayed max(1, warmup/iters) times
-// untimed, then once timed.
+// (Comm.Capture, as each process of a real job would), replayed untimed for the warm-up
+// (graphReplays), then once timed.
 func (e *gpuEngine) timeRanks(ctx context.Context, backend string, graph bool, warmup, iters int, call func(r *engineRank) error) (time.Duration, error) {
 	calls := func(r *engineRank, n int) error {
 		for range n {
@@ -504,7 +504,7 @@ func (e *gpuEngine) timeRanks(ctx context.Context, backend string, graph bool, w
 		return 0, err
 	}
 	launch := func(r *engineRank) error { return r.graph.Launch(r.stream) }
-	for range max(1, warmup/iters) {
+	for range graphReplays(warmup, iters) {
 		if err := e.parallel(launch); err != nil {
 			return 0, err
 		}
@@ -516,6 +516,14 @@ func (e *gpuEngine) timeRanks(ctx context.Context, backend string, graph bool, w
 		return 0, err
 	}
 	return e.slowest(iters)
+}
+
+// graphReplays is how many untimed replays of the timed graph of iters all-reduces make at
+// least warmup warm-up all-reduces: warmup rounded up to whole graphs, none for none. The
+// warm-up replays the timed graph itself because a graph's first launch also uploads it to
+// the GPU, which the timed launch should not pay.
+func graphReplays(warmup, iters int) int {
+	return (warmup + iters - 1) / iters
 }
 
 // slowest returns the largest start-to-end time over the ranks, divided by n.

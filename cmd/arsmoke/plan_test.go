@@ -49,3 +49,13 @@ func TestDescribeMode(t *testing.T) {
 	assert.Equal(t, "4 ranks, 4 processes, all on GPU 3", describeMode([]int{3, 3, 3, 3}, 4))
 	assert.Equal(t, "2 ranks, 2 processes, one GPU each (GPUs 0,1)", describeMode([]int{0, 1}, 2))
 }
+
+// TestGraphReplays: with -g, -w rounds up to whole replays of the timed graph, and -w 0 means
+// no warm-up at all.
+func TestGraphReplays(t *testing.T) {
+	for _, tc := range []struct{ warmup, iters, want int }{
+		{0, 100, 0}, {1, 100, 1}, {10, 100, 1}, {100, 100, 1}, {101, 100, 2}, {250, 100, 3}, {5, 1, 5},
+	} {
+		assert.Equal(t, tc.want, graphReplays(tc.warmup, tc.iters), "-w %d -n %d", tc.warmup, tc.iters)
+	}
+}
