@@ -286,10 +286,9 @@ func twiceReduced(t *testing.T, algo collective.Algorithm, dt dtype.DType, input
 	return want
 }
 
-// parallel runs fn for every rank in its own goroutine: collective calls such as Register
-// and Capture block until every rank has called them.
-func (g *group) parallel(fn func(rb *rankBufs) error) {
-	g.t.Helper()
+// eachRank runs fn for every rank in its own goroutine, as a collective call needs, and
+// returns each rank's error (parallel fails the test on any).
+func (g *group) eachRank(fn func(rb *rankBufs) error) []error {
 	errs := make([]error, len(g.ranks))
 	var wg sync.WaitGroup
 	for r, rb := range g.ranks {
@@ -300,7 +299,14 @@ func (g *group) parallel(fn func(rb *rankBufs) error) {
 		}()
 	}
 	wg.Wait()
-	require.NoError(g.t, errors.Join(errs...))
+	return errs
+}
+
+// parallel runs fn for every rank in its own goroutine: collective calls such as Register
+// and Capture block until every rank has called them.
+func (g *group) parallel(fn func(rb *rankBufs) error) {
+	g.t.Helper()
+	require.NoError(g.t, errors.Join(g.eachRank(fn)...))
 }
 
 // TestAllReduceBackToBack issues 1000 all-reduces of changing sizes and algorithms (auto

@@ -17,22 +17,6 @@ import (
 	"github.com/goccl/goccl/internal/ref"
 )
 
-// eachRank runs fn for every rank in its own goroutine, as a collective call needs, and
-// returns each rank's error (group.parallel fails the test on any).
-func (g *group) eachRank(fn func(rb *rankBufs) error) []error {
-	errs := make([]error, len(g.ranks))
-	var wg sync.WaitGroup
-	for r, rb := range g.ranks {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[r] = fn(rb)
-		}()
-	}
-	wg.Wait()
-	return errs
-}
-
 // allocEach allocates a buffer of n bytes on every rank, freed when the test ends (before the
 // group closes).
 func (g *group) allocEach(n uint64) []driver.DevicePtr {
