@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -183,11 +184,18 @@ func measure(ctx context.Context, c config, devices []int, proc *procInfo, group
 		mode += "; NCCL sees each process as a host of its own (NCCL_HOSTID) and connects them over sockets"
 	}
 	eng, err := newEngine(ctx, cfg)
+	var header Header
+	if err == nil {
+		header = eng.Describe()
+	}
 	if group != nil {
 		// Every process learns whether all of them have their engine, so that a set-up
-		// failure ends every process's run with the same reason, rank 0's report included.
-		// The wait is that of the communicators' set-up (communicators).
-		_, all := exchange(ctx, group, c.timeout+30*time.Second, "set up", struct{}{}, err)
+		// failure ends every process's run with the same reason, rank 0's report included,
+		// and every rank's device, so that rank 0's header lists them all. The wait is that
+		// of the communicators' set-up (communicators).
+		var devs [][]RankDevice
+		var all error
+		devs, all = exchange(ctx, group, c.timeout+30*time.Second, "set up", header.Devices, err)
 		if all != nil && err == nil {
 			// Another process has none: this one's is of no use.
 			if cerr := eng.Close(); cerr != nil {
@@ -195,11 +203,12 @@ func measure(ctx context.Context, c config, devices []int, proc *procInfo, group
 			}
 		}
 		err = all
+		header.Devices = slices.Concat(devs...)
 	}
 	if err != nil {
 		return fmt.Errorf("set up %s: %w", describeMode(devices, c.procs), err)
 	}
-	r.describe(eng.Describe(), len(devices), mode)
+	r.describe(header, len(devices), mode)
 	run := eng
 	if group != nil {
 		run = &combinedEngine{engine: eng, group: group}

@@ -184,6 +184,9 @@ func TestProcsWrongOnOtherRank(t *testing.T) {
 func TestProcsSlowestRank(t *testing.T) {
 	code, fast, stderr := procsReport(t, "ok", "--procs", "2", "-b", "1K", "-e", "4K")
 	require.Equal(t, exitPass, code, stderr)
+	// rank 0's header lists every process's rank and device, not its own alone
+	require.Len(t, fast.Devices, 2)
+	assert.Equal(t, []int{0, 1}, []int{fast.Devices[0].Rank, fast.Devices[1].Rank})
 	code, slow, stderr := procsReport(t, "slow1", "--procs", "2", "-b", "1K", "-e", "4K")
 	require.Equal(t, exitPass, code, stderr)
 	require.Len(t, slow.Blocks, 1)
