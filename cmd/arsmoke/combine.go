@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -122,6 +123,24 @@ func (g *resultGroup) end(ctx context.Context, verdict string) (string, error) {
 		return "", fmt.Errorf("wait for rank 0 to print the results: %w", err)
 	}
 	return lines[0], nil
+}
+
+// combinedTuner is the --tune runner of a --procs child: each case's time is the slowest
+// rank's, and a rank that fails a case (wrong results, say) fails every rank there, so that
+// rank 0 writes no table another rank's results contradict.
+type combinedTuner struct {
+	tuneRunner
+	group *resultGroup
+}
+
+// Time measures tc on this process's rank and returns the slowest rank's time.
+func (t *combinedTuner) Time(ctx context.Context, tc tuneCase) (time.Duration, error) {
+	d, err := t.tuneRunner.Time(ctx, tc)
+	all, err := exchange(ctx, t.group, t.group.timeout, fmt.Sprintf("tune %+v", tc), d, err)
+	if err != nil {
+		return 0, err
+	}
+	return slices.Max(all), nil
 }
 
 // combinedEngine is the engine of a --procs child: each case runs on this process's rank

@@ -227,8 +227,9 @@
 // It prints, per world size, the push grid and, per kind of call, the bands
 // and a row per size: the tuned choice (algorithm and grid, blocks x threads)
 // and its time, the built-in selection's choice and its time, and the gain;
-// then the mean gain. With --procs N it tunes N processes (rank 0 writes the
-// table). Eight virtual ranks take far fewer grids than two (a 16-block cap
+// then the mean gain. With --procs N it tunes N processes: each times its own
+// rank, every case takes the slowest rank's time, a case that fails on any
+// rank fails them all, and rank 0 writes the table. Eight virtual ranks take far fewer grids than two (a 16-block cap
 // on an H200): 2, 4 and 8 virtual ranks on one H200 take a few minutes,
 // --quick about a minute.
 //

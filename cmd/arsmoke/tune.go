@@ -697,11 +697,15 @@ var newTuneRunner = func(ctx context.Context, cfg engineConfig, dt dtype.DType, 
 
 // tuneWorld measures one world size with the runner built for cfg, saying on stderr what it is
 // about to measure (a run takes minutes, and the progress line shows only on a terminal).
-func tuneWorld(ctx context.Context, cfg engineConfig, c config, prog *progress, stderr io.Writer) (res tuneResult, err error) {
+// In a --procs child, group combines each case's time with the other processes'.
+func tuneWorld(ctx context.Context, cfg engineConfig, c config, group *resultGroup, prog *progress, stderr io.Writer) (res tuneResult, err error) {
 	start := time.Now()
 	r, err := newTuneRunner(ctx, cfg, c.dtype, c.iters, c.warmup)
 	if err != nil {
 		return res, err
+	}
+	if group != nil {
+		r = &combinedTuner{tuneRunner: r, group: group}
 	}
 	defer func() {
 		if cerr := r.Close(); cerr != nil && err == nil {
@@ -762,6 +766,15 @@ func runTune(ctx context.Context, c config, proc *procInfo, stdout, stderr io.Wr
 		return fail("find GPUs: %v", err)
 	}
 	prog := newProgress(stderr, c)
+	var group *resultGroup
+	if proc != nil {
+		// Every process times its own rank: the table takes each case's slowest rank, and a
+		// rank that fails a case fails every rank there (combinedTuner).
+		if group, err = joinResults(ctx, proc, c.timeout); err != nil {
+			return fail("%v", err)
+		}
+		defer group.boot.Close()
+	}
 	var results []tuneResult
 	for _, w := range tuneWorlds(c, visible) {
 		devices, err := planDevices(visible, w, c.device)
@@ -773,7 +786,7 @@ func runTune(ctx context.Context, c config, proc *procInfo, stdout, stderr io.Wr
 		if proc != nil {
 			cfg.Devices, cfg.Proc = devices[proc.Rank:proc.Rank+1], proc
 		}
-		res, err := tuneWorld(ctx, cfg, c, prog, stderr)
+		res, err := tuneWorld(ctx, cfg, c, group, prog, stderr)
 		if err != nil {
 			return fail("%s: %v", describeMode(devices, c.procs), err)
 		}

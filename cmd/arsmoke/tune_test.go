@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -463,23 +464,67 @@ func TestRunTuneFails(t *testing.T) {
 	assert.Equal(t, exitUsage, code, "a GPU that is not there")
 }
 
-// TestRunTuneProcsChild: in a --procs child only rank 0 writes the table and prints.
+// TestRunTuneProcsChild: in a --procs child only rank 0 writes the table and prints; the
+// processes, each timing its own rank, combine every case's time.
 func TestRunTuneProcsChild(t *testing.T) {
 	worlds, _ := useFakeTuner(t, 1, nil)
 	out := filepath.Join(t.TempDir(), "tune.json")
 	c, err := parseArgs(strings.Fields("--tune --procs 2 --device 0 -e 8K --quick -o " + out))
 	require.NoError(t, err)
-	var stdout, stderr bytes.Buffer
-	code := runTune(context.Background(), c, &procInfo{Rank: 1, World: 2, Socket: "/nonexistent"}, &stdout, &stderr)
-	require.Equal(t, exitPass, code, stderr.String())
-	require.Len(t, *worlds, 1)
-	assert.Equal(t, []int{0}, (*worlds)[0].Devices, "a child drives its own rank")
-	assert.Equal(t, 1, (*worlds)[0].Proc.Rank)
-	assert.NoFileExists(t, out)
-	assert.Empty(t, stdout.String())
-
-	code = runTune(context.Background(), c, &procInfo{Rank: 0, World: 2, Socket: "/nonexistent"}, &stdout, &stderr)
-	require.Equal(t, exitPass, code, stderr.String())
+	codes, stdouts, stderrs := runTuneProcs(t, c)
+	require.Equal(t, [2]int{exitPass, exitPass}, codes, "%s\n%s", stderrs[0], stderrs[1])
+	require.Len(t, *worlds, 2)
+	for _, w := range *worlds {
+		assert.Equal(t, []int{0}, w.Devices, "a child drives its own rank")
+	}
 	assert.FileExists(t, out)
-	assert.Contains(t, stdout.String(), "## 2 ranks: 1 GPU, 2 ranks in 1 process")
+	assert.Contains(t, stdouts[0], "## 2 ranks: 1 GPU, 2 ranks in 1 process")
+	assert.Empty(t, stdouts[1])
+}
+
+// TestRunTuneProcsFailure: a case that fails on rank 1 alone (wrong results, say) fails every
+// rank at that case, and rank 0 writes no table.
+func TestRunTuneProcsFailure(t *testing.T) {
+	useFakeTuner(t, 1, nil)
+	inner := newTuneRunner
+	newTuneRunner = func(ctx context.Context, cfg engineConfig, dt dtype.DType, iters, warmup int) (tuneRunner, error) {
+		r, err := inner(ctx, cfg, dt, iters, warmup)
+		if err == nil && cfg.Proc.Rank == 1 {
+			r.(*fakeTuner).fail = func(tc tuneCase) error {
+				if tc.Bytes == 4096 {
+					return errors.New("3 wrong elements")
+				}
+				return nil
+			}
+		}
+		return r, err
+	}
+	out := filepath.Join(t.TempDir(), "tune.json")
+	c, err := parseArgs(strings.Fields("--tune --procs 2 --device 0 -e 8K --quick -o " + out))
+	require.NoError(t, err)
+	codes, _, stderrs := runTuneProcs(t, c)
+	assert.Equal(t, [2]int{exitFail, exitFail}, codes)
+	for r := range 2 {
+		assert.Contains(t, stderrs[r], "rank 1: 3 wrong elements", "rank %d", r)
+	}
+	assert.NoFileExists(t, out)
+}
+
+// runTuneProcs runs runTune as both ranks of a two-process run, each from its own goroutine
+// with the socket folder a parent would make.
+func runTuneProcs(t *testing.T, c config) (codes [2]int, stdouts, stderrs [2]string) {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "boot.sock")
+	var wg sync.WaitGroup
+	for r := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var stdout, stderr bytes.Buffer
+			codes[r] = runTune(context.Background(), c, &procInfo{Rank: r, World: 2, Socket: sock}, &stdout, &stderr)
+			stdouts[r], stderrs[r] = stdout.String(), stderr.String()
+		}()
+	}
+	wg.Wait()
+	return codes, stdouts, stderrs
 }
