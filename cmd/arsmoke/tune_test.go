@@ -359,9 +359,15 @@ func (f *fakeTuner) Time(_ context.Context, tc tuneCase) (time.Duration, error) 
 }
 
 func (f *fakeTuner) Close() error {
+	fakeTunerMu.Lock()
+	defer fakeTunerMu.Unlock()
 	*f.closed++
 	return nil
 }
+
+// fakeTunerMu guards what the fake runners of one test share: ranks of a --procs run tune
+// from goroutines of their own.
+var fakeTunerMu sync.Mutex
 
 // useFakeTuner makes run() see visible GPUs and tune with fake runners.
 func useFakeTuner(t *testing.T, visible int, fail func(tuneCase) error) (worlds *[]engineConfig, closed *int) {
@@ -371,7 +377,9 @@ func useFakeTuner(t *testing.T, visible int, fail func(tuneCase) error) (worlds 
 	countDevices = func() (int, error) { return visible, nil }
 	worlds, closed = new([]engineConfig), new(int)
 	newTuneRunner = func(_ context.Context, cfg engineConfig, dt dtype.DType, iters, warmup int) (tuneRunner, error) {
+		fakeTunerMu.Lock()
 		*worlds = append(*worlds, cfg)
+		fakeTunerMu.Unlock()
 		n := len(cfg.Devices)
 		if cfg.Proc != nil {
 			n = cfg.Proc.World
