@@ -17,6 +17,7 @@ import (
 // serving engine reuses one buffer in every layer) has one slot.
 type captureState struct {
 	stream *driver.Stream           // the stream being captured; nil in tests of the bookkeeping alone
+	id     uint64                   // the capture's id (driver.Stream.CaptureID); 0 if unknown
 	index  map[driver.DevicePtr]int // buffer -> its position in bufs
 	bufs   []driver.DevicePtr
 	sizes  []uint64 // the largest use of each buffer
@@ -29,15 +30,23 @@ func newCaptureState() *captureState {
 }
 
 // records reports whether a call on stream is one this capture records: a call on the stream
-// being captured (two wrappers of one CUstream are one stream). Capture runs fn without
-// holding the communicator's lock, so a call on another stream can come meanwhile, from
-// another goroutine or from fn: that call is eager, and must neither take this capture's slots
-// nor add to its pattern, and Close must wait for its work.
+// being captured (two wrappers of one CUstream are one stream), or on a stream forked from it,
+// which the driver records into the same graph (the same capture id). Capture runs fn
+// without holding the communicator's lock, so a call on another stream can come meanwhile,
+// from another goroutine or from fn: that call is eager, and must neither take this capture's
+// slots nor add to its pattern, and Close must wait for its work.
 func (cs *captureState) records(stream *driver.Stream) bool {
 	if stream == nil || cs.stream == nil {
 		return stream == cs.stream
 	}
-	return stream == cs.stream || stream.Handle() != 0 && stream.Handle() == cs.stream.Handle()
+	if stream == cs.stream || stream.Handle() != 0 && stream.Handle() == cs.stream.Handle() {
+		return true
+	}
+	if cs.id == 0 {
+		return false
+	}
+	id, err := stream.CaptureID()
+	return err == nil && id == cs.id
 }
 
 // callOn makes c.capture, for the length of one call on stream, the capture that the call
@@ -182,11 +191,11 @@ func (g *Graph) Close() error {
 // ctx bounds the exchange. The caller owns the returned graph: Close it to give its
 // registration slots back.
 //
-// Only calls on stream itself are Capture's: calls of this communicator on other streams
-// while fn runs, from other goroutines or from fn, are eager calls, as outside Capture. One on
-// a stream forked from stream (which the driver records into the same graph) is then a call
-// captured into the caller's own graph: its input goes through the staging buffer unless it
-// is registered, and its output is written as an eager call's.
+// Only calls on stream, and on streams forked from it (which the driver records into the same
+// graph: the same capture id), are Capture's: calls of this communicator on other streams
+// while fn runs, from other goroutines or from fn, are eager calls, as outside Capture. (A
+// driver older than CUDA 11.3 cannot tell a forked stream: a call there is then an eager call
+// captured into the graph, its input through the staging buffer unless registered.)
 //
 // If fn panics, Capture ends the stream capture, gives back the slots the capture reserved
 // and takes the rank out of capture (eager calls go on as before), and the panic goes on.
@@ -216,6 +225,13 @@ func (c *Comm) Capture(ctx context.Context, stream *driver.Stream, fn func() err
 	captureErr := stream.BeginCapture(driver.CaptureRelaxed)
 	var graph *driver.Graph
 	if captureErr == nil {
+		// The capture's id, which every stream forked from stream shares (records). A driver
+		// that cannot tell leaves 0: then calls on stream alone are the capture's.
+		if id, err := stream.CaptureID(); err == nil {
+			c.mu.Lock()
+			cs.id = id
+			c.mu.Unlock()
+		}
 		graph, captureErr = c.record(stream, cs, fn)
 	}
 

@@ -219,6 +219,68 @@ func TestEagerCallDuringCapture(t *testing.T) {
 	g.check(dt, want, false, "graph captured beside an eager call")
 }
 
+// TestForkedStreamCallDuringCapture: a call on a stream forked from the captured one (it
+// waits for an event recorded on it, so the driver records it into the same graph) is part
+// of the graph, and the graph's replay reduces new inputs exactly.
+func TestForkedStreamCallDuringCapture(t *testing.T) {
+	requireGPU(t)
+	const nbytes = 16 << 10
+	dt := dtype.BFloat16
+	count := nbytes / dt.Size()
+	g := newGroup(t, virtualRanks(2), collective.Options{Algorithm: collective.OneShot, Timeout: 5 * time.Second}, nbytes)
+	graphs := make([]*collective.Graph, len(g.ranks))
+	g.parallel(func(rb *rankBufs) error {
+		cx := rb.comm.Context()
+		forked, err := cx.NewStream()
+		if err != nil {
+			return err
+		}
+		defer forked.Close()
+		fork, err := cx.NewEvent(false)
+		if err != nil {
+			return err
+		}
+		defer fork.Close()
+		join, err := cx.NewEvent(false)
+		if err != nil {
+			return err
+		}
+		defer join.Close()
+		graphs[rb.comm.Rank()], err = rb.comm.Capture(context.Background(), rb.stream, func() error {
+			if err := fork.Record(rb.stream); err != nil {
+				return err
+			}
+			if err := forked.WaitEvent(fork); err != nil {
+				return err
+			}
+			if err := rb.comm.AllReduce(forked, rb.out, rb.in, count, dt); err != nil {
+				return err
+			}
+			if err := join.Record(forked); err != nil {
+				return err
+			}
+			return rb.stream.WaitEvent(join)
+		})
+		return err
+	})
+	defer func() {
+		for _, x := range graphs {
+			require.NoError(t, x.Close())
+		}
+	}()
+	rng := rand.New(rand.NewPCG(9, 10))
+	for run := range 2 {
+		inputs := g.fill(rng, dt, nbytes, false)
+		want, err := ref.OneShot(dt, inputs)
+		require.NoError(t, err)
+		for r, rb := range g.ranks {
+			require.NoError(t, graphs[r].Launch(rb.stream))
+		}
+		g.syncAll(30 * time.Second)
+		g.check(dt, want, false, fmt.Sprintf("graph with a call on a forked stream, run %d", run))
+	}
+}
+
 // TestCapturePanic: a panic in Capture's fn reaches the caller, and leaves the rank out of
 // capture, its stream no longer capturing and the capture's slots given back, so that the next
 // Capture works. More panicking captures run than the table has room for, had their slots

@@ -99,6 +99,42 @@ func (s *Stream) IsCapturing() (bool, error) {
 // captureStatuses holds the words IsCapturing receives the driver's answer in.
 var captureStatuses = sync.Pool{New: func() any { return new(int32) }}
 
+// CaptureID returns the id of the capture s takes part in (cuStreamGetCaptureInfo_v2): the
+// same for the stream a capture began on and every stream forked from it, which record into
+// the same graph; 0 when s is not capturing. It allocates nothing. A driver without the entry
+// point (before CUDA 11.3) answers 0 and ErrNotSupported.
+func (s *Stream) CaptureID() (uint64, error) {
+	if err := need(FeatureGraphs); err != nil {
+		return 0, err
+	}
+	if err := s.live(); err != nil {
+		return 0, err
+	}
+	if cuStreamGetCaptureInfo_v2 == 0 {
+		return 0, fmt.Errorf("capture id of a stream: cuStreamGetCaptureInfo_v2: %w", ErrNotSupported)
+	}
+	w := captureInfos.Get().(*captureInfo)
+	*w = captureInfo{}
+	// graph, dependencies and their count are optional outputs (NULL)
+	err := s.ctx.hot(cuStreamGetCaptureInfo_v2, s.handle, uintptr(unsafe.Pointer(&w.status)), uintptr(unsafe.Pointer(&w.id)), 0, 0, 0)
+	status, id := w.status, w.id
+	runtime.KeepAlive(w)
+	captureInfos.Put(w)
+	if err != nil || status == captureStatusNone {
+		return 0, err
+	}
+	return id, nil
+}
+
+// captureInfo receives cuStreamGetCaptureInfo_v2's status and id.
+type captureInfo struct {
+	status int32
+	id     uint64
+}
+
+// captureInfos holds the words CaptureID receives the driver's answer in.
+var captureInfos = sync.Pool{New: func() any { return new(captureInfo) }}
+
 // Graph is a captured graph (CUgraph). Instantiate it to launch it; Close destroys it (an
 // instantiated GraphExec stays valid).
 type Graph struct {

@@ -393,3 +393,36 @@ func TestIsCapturing(t *testing.T) {
 		assert.Zero(t, testing.AllocsPerRun(200, func() { _, _ = s.IsCapturing() }))
 	}
 }
+
+// TestCaptureID: the capture id comes back while the stream captures, 0 otherwise, with the
+// optional outputs left NULL, and asking allocates nothing (collective asks while a Capture
+// runs, to tell the streams that record into it).
+func TestCaptureID(t *testing.T) {
+	if err := need(FeatureGraphs); err != nil {
+		if os.Getenv("GOCCL_REQUIRE_TOOLS") == "1" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	sym := fakeCUDA(t)
+	for _, name := range []string{"cuCtxSetCurrent", "cuStreamGetCaptureInfo_v2"} {
+		swapSymbol(t, symbolSlot(t, name), sym(name))
+	}
+	_, s, _ := fakeHandles()
+	id, err := s.CaptureID()
+	require.NoError(t, err)
+	assert.Zero(t, id)
+	assert.Equal(t, uint64(0x5e), fakeRecord(t, sym, 63), "stream given to cuStreamGetCaptureInfo_v2")
+	assert.Zero(t, fakeRecord(t, sym, 64), "graph, dependencies and their count not asked for")
+	fakeCall(t, sym, "fake_set_capturing", 1)
+	id, err = s.CaptureID()
+	require.NoError(t, err)
+	assert.Equal(t, uint64(0x1d5e), id)
+	if !raceEnabled {
+		assert.Zero(t, testing.AllocsPerRun(200, func() { _, _ = s.CaptureID() }))
+	}
+
+	swapSymbol(t, symbolSlot(t, "cuStreamGetCaptureInfo_v2"), 0)
+	_, err = s.CaptureID()
+	assert.ErrorIs(t, err, ErrNotSupported)
+}

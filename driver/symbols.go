@@ -42,6 +42,7 @@ var (
 	cuMemExportToShareableHandle, cuMemImportFromShareableHandle                   uintptr
 	cuMemAddressReserve, cuMemAddressFree, cuMemMap, cuMemUnmap, cuMemSetAccess    uintptr
 	cuStreamBeginCapture_v2, cuStreamEndCapture, cuStreamIsCapturing               uintptr
+	cuStreamGetCaptureInfo_v2                                                      uintptr
 	cuThreadExchangeStreamCaptureMode                                              uintptr
 	cuGraphInstantiateWithFlags, cuGraphLaunch, cuGraphExecDestroy, cuGraphDestroy uintptr
 )
@@ -232,6 +233,9 @@ var symbolTable = []symbol{
 	opt("cuStreamEndCapture", &cuStreamEndCapture, FeatureGraphs, 10000),
 	// CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus);
 	opt("cuStreamIsCapturing", &cuStreamIsCapturing, FeatureGraphs, 10000),
+	// CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
+	//     cuuint64_t *id_out, CUgraph *graph_out, const CUgraphNode **dependencies_out, size_t *numDependencies_out);
+	opt("cuStreamGetCaptureInfo_v2", &cuStreamGetCaptureInfo_v2, FeatureGraphs, 11030),
 	// CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
 	opt("cuThreadExchangeStreamCaptureMode", &cuThreadExchangeStreamCaptureMode, FeatureGraphs, 10010),
 	// CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags);

@@ -48,7 +48,8 @@ _Static_assert(sizeof(CUlaunchConfig) == 56, "CUlaunchConfig size");
 //   56 cuDevicePrimaryCtxRelease_v2 calls, 57 its device
 //   58 stream given to cuStreamIsCapturing, 59 context current at it
 //   60..62 cuDeviceGetP2PAttribute's attribute, source and destination device
-static uint64_t rec[64];
+//   63 the stream given to cuStreamGetCaptureInfo_v2, 64 the OR of its optional outputs
+static uint64_t rec[72];
 
 // The context current on the calling thread, and the thread's stream capture mode
 // (CU_STREAM_CAPTURE_MODE_GLOBAL = 0 at first, as in the driver).
@@ -159,6 +160,17 @@ int cuStreamQuery(void *s) {
 }
 
 void fake_set_capturing(int status) { capturing = status; }
+
+// cuStreamGetCaptureInfo_v2 reports the status fake_set_capturing set and, while capturing,
+// an id made of the stream's handle (streams forked from one capture share the id in the
+// driver; here each stream has its own); it records the stream and the optional outputs.
+int cuStreamGetCaptureInfo_v2(void *s, int *status, uint64_t *id, void **graph, void **deps, size_t *ndeps) {
+    rec[63] = (uint64_t)(uintptr_t)s;
+    rec[64] = (uint64_t)(uintptr_t)graph | (uint64_t)(uintptr_t)deps | (uint64_t)(uintptr_t)ndeps;
+    *status = capturing;
+    *id = capturing ? 0x1d00 + (uint64_t)(uintptr_t)s : 0;
+    return sticky;
+}
 
 int cuStreamIsCapturing(void *s, int *status) {
     rec[58] = (uint64_t)(uintptr_t)s;
