@@ -15,7 +15,7 @@ import (
 type BarrierVariant int
 
 const (
-	// TwoPhase is the kernels' barrier: peer_counter slots alternate by the
+	// TwoPhase is the round-number barrier (ptx.ScopeSystem): peer_counter slots alternate by the
 	// parity of the round number, and a lane spins until its slot equals it.
 	TwoPhase BarrierVariant = iota
 	// OnePhase is deliberately broken: a single peer_counter slot per edge. A
@@ -27,7 +27,8 @@ const (
 	// of two rounds ago is larger, so lanes pass without waiting.
 	GreaterOrEqual
 	// Counting is the kernels' barrier when every rank is on one GPU
-	// (ptx.ScopeGPU): a lane first adds 1 to rank t's peer_counter slot for
+	// (ptx.ScopeGPU), and at system scope where the GPUs have native atomics on
+	// each other's memory (ptx.ScopeSystemCounted): a lane first adds 1 to rank t's peer_counter slot for
 	// this rank (red.add, one slot), then spins until its own slot for rank t
 	// is no longer round-1 (rank t may be one barrier ahead: round+1).
 	Counting
