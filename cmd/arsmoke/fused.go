@@ -139,6 +139,9 @@ func parseRows(s string, factor int64) ([]int, error) {
 		}
 		for n := int64(a); n <= int64(b); n *= factor {
 			rows = append(rows, int(n))
+			if n > int64(b)/factor {
+				break // the next step passes b (and a huge -f would wrap around)
+			}
 		}
 	}
 	slices.Sort(rows)

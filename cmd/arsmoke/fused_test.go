@@ -101,6 +101,9 @@ func TestParseRows(t *testing.T) {
 		{"512, 1,8,8", 2, []int{1, 8, 512}},
 		{"1-4,3,100-100", 2, []int{1, 2, 3, 4, 100}},
 		{"16777215", 2, []int{16777215}},
+		// a factor past what int64 holds after one step ends the range, never wraps
+		{"2-8", 1 << 62, []int{2}},
+		{"1-16777215", 1 << 40, []int{1}},
 	} {
 		got, err := parseRows(tc.in, tc.factor)
 		require.NoError(t, err, tc.in)
