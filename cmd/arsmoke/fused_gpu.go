@@ -61,11 +61,19 @@ func (e *gpuEngine) RunFused(ctx context.Context, c FusedCase) (m FusedMeasureme
 		}
 		m.Path = fusedPath.String()
 	}
-	pairPath := algo
+	// The pair's all-reduce, out of place into a registered output: the eager check's
+	// algorithm, and with -g the captured calls' (a tuning table may choose differently for
+	// graphs), which the row names. The check runs eagerly, so with -g and such a table the
+	// graph's algorithm is timed but not checked.
+	pairPath, pairGraphPath := algo, algo
 	if algo == collective.Auto {
 		pairPath = comm.Selected(nbytes, true)
+		pairGraphPath = comm.SelectedFor(nbytes, collective.CallKind{Captured: true})
 	}
 	m.PairPath = pairPath.String()
+	if c.Graph {
+		m.PairPath = pairGraphPath.String()
+	}
 
 	bufs := map[*engineRank]*fusedRank{}
 	defer func() {
