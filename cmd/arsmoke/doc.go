@@ -221,7 +221,9 @@
 // writes them as a section of the tuning table for this GPU, driver and
 // topology: -o, else the file goccl loads by default (in the user cache
 // directory; docs/tuning.md). Sections of other world sizes or topologies
-// already in that file are kept. -n and -w default to 50 and 10. -a, -g,
+// already in that file are kept, also those that another --tune run writes at
+// the same time (the merge locks <table>.lock). -n and -w default to 50 and
+// 10. -a, -g,
 // -c 0, --backend, --json, --topo and --fused are refused with --tune.
 //
 // It prints, per world size, the push grid and, per kind of call, the bands

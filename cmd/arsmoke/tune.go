@@ -13,6 +13,8 @@ import (
 	"io"
 	"io/fs"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,6 +23,7 @@ import (
 	"github.com/goccl/goccl/collective"
 	"github.com/goccl/goccl/dtype"
 	"github.com/goccl/goccl/ptx"
+	"golang.org/x/sys/unix"
 )
 
 // Iterations of --tune where -n and -w are not given: enough to rank candidates a few percent
@@ -574,6 +577,14 @@ func saveTune(results []tuneResult, path, tool string, now time.Time) (string, e
 		}
 		sections = append(sections, r.Section)
 	}
+	// Another arsmoke --tune may be merging into the same table (each world size or GPU of a
+	// machine tuned by a run of its own): the read, the merge and the write happen under an
+	// exclusive lock, or the later write would drop what the earlier one added.
+	unlock, err := lockFile(path + ".lock")
+	if err != nil {
+		return "", fmt.Errorf("lock the table against other arsmoke --tune runs: %w", err)
+	}
+	defer unlock()
 	old, err := collective.ReadTuneTable(path)
 	note := ""
 	switch {
@@ -591,6 +602,29 @@ func saveTune(results []tuneResult, path, tool string, now time.Time) (string, e
 		note += fmt.Sprintf(" (kept %s of the table there)", plural(kept, "section", "sections"))
 	}
 	return fmt.Sprintf("wrote %s: %s%s", path, plural(len(sections), "section", "sections"), note), nil
+}
+
+// lockFile takes an exclusive lock (flock) on the file at path, creating it and its folder,
+// and returns what releases it. The lock goes with the process if it dies.
+func lockFile(path string) (unlock func(), err error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("flock %s: %w", path, err)
+	}
+	return func() { f.Close() }, nil // closing the descriptor releases the lock
 }
 
 func plural(n int, one, many string) string {

@@ -536,3 +536,30 @@ func runTuneProcs(t *testing.T, c config) (codes [2]int, stdouts, stderrs [2]str
 	wg.Wait()
 	return codes, stdouts, stderrs
 }
+
+// TestSaveTuneConcurrent: two runs merging their sections into one table at once both end
+// up in it (the merge holds a lock on the table from its read to its write).
+func TestSaveTuneConcurrent(t *testing.T) {
+	result := func(ws int) tuneResult {
+		tg := h200Target(ws)
+		sec := collective.TuneSection{WorldSize: ws, Topology: tg.Topology, Scope: tg.Scope,
+			Entries: []collective.TuneEntry{{Mode: "eager", Direct: true, Bands: []collective.TuneBand{{Algorithm: "twoshot"}}}}}
+		return tuneResult{Target: tg, Section: sec}
+	}
+	for i := range 50 {
+		path := filepath.Join(t.TempDir(), "sub", "t.json")
+		var wg sync.WaitGroup
+		for _, ws := range []int{2, 4} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := saveTune([]tuneResult{result(ws)}, path, "test", time.Now())
+				assert.NoError(t, err)
+			}()
+		}
+		wg.Wait()
+		tab, err := collective.ReadTuneTable(path)
+		require.NoError(t, err)
+		require.Len(t, tab.Sections, 2, "run %d lost a section", i)
+	}
+}
