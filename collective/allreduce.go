@@ -31,9 +31,9 @@ import (
 // a src registered with Register is read in place (OneShot: if dst does not overlap it;
 // TwoShot: also if dst == src); otherwise it goes through this rank's staging buffer: OneShot's
 // kernel copies it there itself before its entry barrier, TwoShot's call enqueues a copy
-// before the kernel. Under Capture (a call on the stream that Capture records; a call on any
-// other stream meanwhile is eager) the pointers are exchanged after capture instead (an
-// in-place OneShot still stages, in its kernel).
+// before the kernel. Under Capture (a call on the stream that Capture records or a stream
+// forked from it; a call on any other stream meanwhile is eager) the pointers are exchanged
+// after capture instead (an in-place OneShot still stages, in its kernel).
 //
 // Outputs: when dst is visible to the peers too (registered, or any dst under Capture),
 // TwoShot writes every rank's share of the sum straight into every rank's dst: one barrier
