@@ -146,8 +146,9 @@ func (c *Comm) launch(stream *driver.Stream, fn *driver.Function, blocks, thread
 		return c.fail(fmt.Errorf("collective: rank %d: launch %s: %w", c.rank, fn.Name(), err))
 	}
 	// A call that Capture records runs when its graph does (Graph.Launch notes it); any
-	// other, also one on another stream while a Capture runs, is this communicator's work now.
-	if cs := c.capture; cs == nil || !cs.records(stream) {
+	// other, also one on another stream while a Capture runs (callOn hid the capture from
+	// it), is this communicator's work now.
+	if c.capture == nil {
 		if err := c.noteWork(stream); err != nil {
 			return c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
 		}

@@ -35,6 +35,8 @@ import (
 func (c *Comm) ResidualRMSNorm(stream *driver.Stream, a FusedArgs) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// Recorded by a Capture only on its streams, as AllReduce.
+	defer c.endCall(c.callOn(stream))
 	if err := c.usable(); err != nil {
 		return err
 	}
