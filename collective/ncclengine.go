@@ -38,17 +38,34 @@ func hostID(withNCCL bool) [16]byte {
 	return out
 }
 
+// ncclComm is what the engine uses of its NCCL communicator: a *nccl.Comm, or a stand-in in
+// tests that run without libnccl.
+type ncclComm interface {
+	AllReduce(sendbuff, recvbuff, count uint64, dt nccl.DataType, op nccl.RedOp, stream uintptr) error
+	AsyncError() error
+	Abort() error
+	Destroy(ctx context.Context) error
+}
+
+// streamEvent is what the engine uses of a CUDA event: a *driver.Event, or a stand-in in tests
+// that run without a GPU.
+type streamEvent interface {
+	Record(s *driver.Stream) error
+	Query() (done bool, err error)
+	Close() error
+}
+
 // ncclEngine is the NCCL communicator of a Comm and the watchdog that aborts it when a call
 // does not complete within Options.Timeout.
 type ncclEngine struct {
-	comm    *nccl.Comm
-	ctx     *driver.Context
-	timeout time.Duration // 0: calls may take forever
+	comm     ncclComm
+	newEvent func() (streamEvent, error) // an event of the rank's context
+	timeout  time.Duration               // 0: calls may take forever
 
 	mu      sync.Mutex
-	pending []pendingCall   // calls not yet seen complete, oldest first
-	spare   []*driver.Event // events of completed calls, for reuse
-	err     error           // the first failure: an asynchronous NCCL error or a timeout
+	pending []pendingCall // calls not yet seen complete, oldest first
+	spare   []streamEvent // events of completed calls, for reuse
+	err     error         // the first failure: an asynchronous NCCL error or a timeout
 	// retired is when the watchdog last saw a call complete: the call after it has been
 	// running since then at most (calls queued back to back wait for each other, so a call's
 	// age counts from the later of its queuing and its predecessor's completion).
@@ -58,7 +75,7 @@ type ncclEngine struct {
 }
 
 type pendingCall struct {
-	ev    *driver.Event
+	ev    streamEvent
 	since time.Time
 }
 
@@ -119,12 +136,20 @@ func (c *Comm) initNCCL(ctx context.Context, infos []rankInfo) error {
 		}
 		return c.noNCCL(mode, "NCCL init failed: "+err.Error())
 	}
-	c.nccl = &ncclEngine{comm: comm, ctx: c.ctx, stop: make(chan struct{}), done: make(chan struct{})}
+	var timeout time.Duration
 	if c.opts.Timeout > 0 {
-		c.nccl.timeout = c.opts.Timeout
+		timeout = c.opts.Timeout
 	}
-	go c.nccl.watch()
+	c.nccl = newNCCLEngine(comm, func() (streamEvent, error) { return c.ctx.NewEvent(false) }, timeout)
 	return nil
+}
+
+// newNCCLEngine starts the watchdog of comm, whose calls must complete within timeout (0: no
+// limit). newEvent makes the events that follow the calls.
+func newNCCLEngine(comm ncclComm, newEvent func() (streamEvent, error), timeout time.Duration) *ncclEngine {
+	e := &ncclEngine{comm: comm, newEvent: newEvent, timeout: timeout, stop: make(chan struct{}), done: make(chan struct{})}
+	go e.watch()
+	return e
 }
 
 // noNCCL records why there is no NCCL, which is an error only with NCCLAlways.
@@ -150,25 +175,36 @@ func sharesGPUOnHost(infos []rankInfo) bool {
 	return false
 }
 
-// allReduce hands one all-reduce to NCCL and lets the watchdog follow it.
+// ncclAllReduce hands one all-reduce to NCCL and lets the watchdog and Close follow it.
 func (c *Comm) ncclAllReduce(stream *driver.Stream, dst, src driver.DevicePtr, count int, dt DType) error {
-	e := c.nccl
-	if err := e.comm.AllReduce(uint64(src), uint64(dst), uint64(count), ncclDataType(dt), nccl.Sum, stream.Handle()); err != nil {
-		e.fail(err)
-		return c.usable()
-	}
 	capturing, err := stream.IsCapturing()
 	if err != nil {
 		return c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
 	}
-	if capturing {
-		return nil // runs when the caller's graph does
-	}
-	if err := e.note(stream); err != nil {
+	// A captured call runs when the caller's graph does.
+	if err := c.nccl.allReduce(stream, dst, src, count, dt, !capturing); err != nil {
+		if failed := c.usable(); failed != nil {
+			return failed // NCCL refused the call: the engine failed
+		}
 		return c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
 	}
-	if err := c.work.note(stream); err != nil {
-		return c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
+	if !capturing {
+		if err := c.work.note(stream); err != nil {
+			return c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
+		}
+	}
+	return nil
+}
+
+// allReduce queues one all-reduce on stream through NCCL and, when follow is set, lets the
+// watchdog follow it. An error of NCCL fails the engine; an error of the events does not.
+func (e *ncclEngine) allReduce(stream *driver.Stream, dst, src driver.DevicePtr, count int, dt DType, follow bool) error {
+	if err := e.comm.AllReduce(uint64(src), uint64(dst), uint64(count), ncclDataType(dt), nccl.Sum, stream.Handle()); err != nil {
+		e.fail(err)
+		return err
+	}
+	if follow {
+		return e.note(stream)
 	}
 	return nil
 }
@@ -177,12 +213,12 @@ func (c *Comm) ncclAllReduce(stream *driver.Stream, dst, src driver.DevicePtr, c
 func (e *ncclEngine) note(stream *driver.Stream) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	var ev *driver.Event
+	var ev streamEvent
 	if n := len(e.spare); n > 0 {
 		ev, e.spare = e.spare[n-1], e.spare[:n-1]
 	} else {
 		var err error
-		if ev, err = e.ctx.NewEvent(false); err != nil {
+		if ev, err = e.newEvent(); err != nil {
 			return fmt.Errorf("event to follow an NCCL call: %w", err)
 		}
 	}
