@@ -230,7 +230,8 @@ func (e *ncclEngine) note(stream *driver.Stream) error {
 	return nil
 }
 
-// watch checks the calls in flight and NCCL's asynchronous error until close.
+// watch checks the calls in flight and NCCL's asynchronous error until close, and aborts the
+// communicator once the engine has failed.
 func (e *ncclEngine) watch() {
 	defer close(e.done)
 	period := 10 * time.Millisecond
@@ -244,25 +245,27 @@ func (e *ncclEngine) watch() {
 		case <-e.stop:
 			return
 		case <-tick.C:
-			e.check()
+			if e.check() {
+				e.abort()
+			}
 		}
 	}
 }
 
-// check retires completed calls, aborts the communicator when the oldest call has taken longer
-// than the timeout, and picks up NCCL's asynchronous error.
-func (e *ncclEngine) check() {
+// check retires completed calls, fails the engine when the oldest call has taken longer than
+// the timeout, and picks up NCCL's asynchronous error. It reports whether it failed the engine
+// (the caller then aborts the communicator).
+func (e *ncclEngine) check() (failed bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.err != nil {
-		return
+		return false
 	}
 	for len(e.pending) > 0 {
 		p := e.pending[0]
 		done, err := p.ev.Query()
 		if err != nil {
-			e.failLocked(err)
-			return
+			return e.failLocked(err)
 		}
 		if !done {
 			started := p.since
@@ -270,8 +273,7 @@ func (e *ncclEngine) check() {
 				started = e.retired
 			}
 			if e.timeout > 0 && time.Since(started) > e.timeout {
-				e.failLocked(fmt.Errorf("%w: an all-reduce handed to NCCL has not completed %v after it could start (a peer missing, stuck or dead?); the NCCL communicator was aborted", ErrTimeout, time.Since(started).Round(time.Millisecond)))
-				e.comm.Abort()
+				return e.failLocked(fmt.Errorf("%w: an all-reduce handed to NCCL has not completed %v after it could start (a peer missing, stuck or dead?)", ErrTimeout, time.Since(started).Round(time.Millisecond)))
 			}
 			break
 		}
@@ -280,20 +282,36 @@ func (e *ncclEngine) check() {
 		e.pending = e.pending[1:]
 	}
 	if err := e.comm.AsyncError(); err != nil && !errors.Is(err, nccl.ErrInProgress) && !errors.Is(err, nccl.ErrClosed) {
-		e.failLocked(err)
+		return e.failLocked(err)
 	}
+	return false
 }
 
+// fail records err as the engine's failure, if it is the first, and aborts the communicator.
 func (e *ncclEngine) fail(err error) {
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.failLocked(err)
+	first := e.failLocked(err)
+	e.mu.Unlock()
+	if first {
+		e.abort()
+	}
 }
 
-func (e *ncclEngine) failLocked(err error) {
-	if e.err == nil {
-		e.err = fmt.Errorf("%w: NCCL: %w", ErrUnusable, err)
+// failLocked records err as the engine's failure unless one came first, and reports whether it
+// did. Every failure is followed by abort: NCCL's kernels already queued wait for their peers
+// until the communicator is aborted (an asynchronous error does not end them), so without it
+// the rank's streams, and Close, which waits for this communicator's work, would wait forever.
+func (e *ncclEngine) failLocked(err error) bool {
+	if e.err != nil {
+		return false
 	}
+	e.err = fmt.Errorf("%w: NCCL: %w; the NCCL communicator was aborted: close this communicator and make a new one", ErrUnusable, err)
+	return true
+}
+
+// abort aborts the communicator (again: it does nothing then).
+func (e *ncclEngine) abort() {
+	_ = e.comm.Abort() // nothing else to do if even the abort fails: the engine has failed already
 }
 
 // failure returns the engine's first failure, or nil.

@@ -1,0 +1,208 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/driver"
+	"github.com/goccl/goccl/nccl"
+)
+
+// fakeNCCL stands in for an NCCL communicator. Like a real one, it must never be handed a call
+// while it is aborted or being aborted: such a call reaches a freed ncclComm_t.
+type fakeNCCL struct {
+	mu       sync.Mutex
+	asyncErr error         // what AsyncError reports
+	callErr  error         // what AllReduce returns
+	callTime time.Duration // how long AllReduce stays inside "NCCL"
+	gpu      *fakeGPU      // where AllReduce queues its work; nil: nowhere
+
+	inCall      atomic.Int32
+	calls       atomic.Int32
+	aborts      atomic.Int32
+	destroys    atomic.Int32
+	aborted     atomic.Bool
+	callOnFreed atomic.Bool // a call met an aborted communicator, or an abort met a call
+}
+
+func (f *fakeNCCL) AllReduce(sendbuff, recvbuff, count uint64, dt nccl.DataType, op nccl.RedOp, stream uintptr) error {
+	f.inCall.Add(1)
+	defer f.inCall.Add(-1)
+	f.calls.Add(1)
+	if f.aborted.Load() {
+		return nccl.ErrClosed // nccl.Comm refuses a call once its handle is retired
+	}
+	time.Sleep(f.callTime)
+	if f.gpu != nil {
+		f.gpu.enqueue()
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.callErr
+}
+
+func (f *fakeNCCL) AsyncError() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.aborted.Load() {
+		return nccl.ErrClosed
+	}
+	return f.asyncErr
+}
+
+func (f *fakeNCCL) Abort() error {
+	if f.inCall.Load() > 0 {
+		f.callOnFreed.Store(true)
+	}
+	if f.aborted.Swap(true) {
+		return nil
+	}
+	f.aborts.Add(1)
+	if f.gpu != nil {
+		f.gpu.abort() // NCCL's kernels see the abort flag and end
+	}
+	return nil
+}
+
+func (f *fakeNCCL) Destroy(ctx context.Context) error {
+	f.destroys.Add(1)
+	f.aborted.Store(true)
+	return nil
+}
+
+// fakeGPU is one stream's queue of work: each piece has a position, and the GPU has finished
+// everything up to done. An event is done once the work queued before its record is.
+type fakeGPU struct {
+	mu         sync.Mutex
+	queued     int
+	done       int
+	abortedPos int // work up to here ends at an abort (NCCL's kernels); 0: none
+	stuck      int // pieces from here on (NCCL's, waiting for a dead peer) never finish unless aborted; 0: none
+}
+
+// enqueue queues one piece of work and returns its position.
+func (g *fakeGPU) enqueue() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.queued++
+	return g.queued
+}
+
+// finish lets the GPU finish the work up to position n, or up to the first stuck piece.
+func (g *fakeGPU) finish(n int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stuck > 0 && n >= g.stuck && g.abortedPos == 0 {
+		n = g.stuck - 1
+	}
+	g.done = max(g.done, n)
+}
+
+// abort ends every piece queued so far (an aborted communicator's kernels return).
+func (g *fakeGPU) abort() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.abortedPos = g.queued
+	g.done = max(g.done, g.queued)
+}
+
+func (g *fakeGPU) newEvent() (streamEvent, error) { return &fakeEvent{gpu: g}, nil }
+
+type fakeEvent struct {
+	gpu    *fakeGPU
+	at     atomic.Int64 // position of the work it follows
+	closed atomic.Bool
+}
+
+func (e *fakeEvent) Record(*driver.Stream) error {
+	e.gpu.mu.Lock()
+	defer e.gpu.mu.Unlock()
+	e.at.Store(int64(e.gpu.queued))
+	return nil
+}
+
+func (e *fakeEvent) Query() (bool, error) {
+	if e.closed.Load() {
+		return false, errors.New("query of a destroyed event")
+	}
+	e.gpu.mu.Lock()
+	defer e.gpu.mu.Unlock()
+	return int64(e.gpu.done) >= e.at.Load(), nil
+}
+
+func (e *fakeEvent) Close() error {
+	e.closed.Store(true)
+	return nil
+}
+
+// fakeEngine is an engine over f whose calls queue work on gpu and must complete within
+// timeout; it is closed at the end of the test.
+func fakeEngine(t *testing.T, f *fakeNCCL, gpu *fakeGPU, timeout time.Duration) *ncclEngine {
+	t.Helper()
+	f.gpu = gpu
+	e := newNCCLEngine(f, gpu.newEvent, timeout)
+	t.Cleanup(func() { e.close(context.Background()) })
+	return e
+}
+
+// eventually waits up to limit for cond.
+func eventually(limit time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return cond()
+}
+
+// TestNCCLFailureAborts: whatever fails the NCCL engine (an asynchronous error that NCCL
+// reports, such as a peer that went away, or a call that NCCL refuses) aborts its
+// communicator at once. Until it is aborted, NCCL's kernels queued before wait for the peer
+// forever: the stream never drains, and Close, which waits for this communicator's work
+// before it frees anything, could never free it.
+func TestNCCLFailureAborts(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fail  func(f *fakeNCCL)
+		issue bool // the failure comes from the next call
+	}{
+		{"async error", func(f *fakeNCCL) {
+			f.mu.Lock()
+			f.asyncErr = fmt.Errorf("ncclCommGetAsyncError: %w", nccl.ErrRemoteError)
+			f.mu.Unlock()
+		}, false},
+		{"refused call", func(f *fakeNCCL) {
+			f.mu.Lock()
+			f.callErr = fmt.Errorf("ncclAllReduce: %w", nccl.ErrInvalidUsage)
+			f.mu.Unlock()
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gpu := &fakeGPU{stuck: 1} // the peer is gone: NCCL's kernels never finish
+			f := &fakeNCCL{}
+			// A timeout far beyond the test: only the failure may lead to the abort.
+			e := fakeEngine(t, f, gpu, time.Hour)
+			stream := &driver.Stream{}
+			require.NoError(t, e.allReduce(stream, 0x1000, 0x1000, 1<<20, BFloat16, true))
+			tc.fail(f)
+			if tc.issue {
+				require.ErrorIs(t, e.allReduce(stream, 0x1000, 0x1000, 1<<20, BFloat16, true), nccl.ErrInvalidUsage)
+			}
+			require.True(t, eventually(5*time.Second, func() bool { return e.failure() != nil }), "the engine saw the failure")
+			assert.ErrorIs(t, e.failure(), ErrUnusable)
+			require.True(t, eventually(5*time.Second, func() bool { return f.aborts.Load() == 1 }),
+				"the communicator was not aborted: its queued kernels wait for the peer forever")
+			gpu.finish(gpu.queued)
+			assert.Equal(t, gpu.queued, gpu.done, "the queued work ended with the abort")
+			assert.False(t, f.callOnFreed.Load())
+		})
+	}
+}
