@@ -62,6 +62,12 @@ type ncclEngine struct {
 	newEvent func() (streamEvent, error) // an event of the rank's context
 	timeout  time.Duration               // 0: calls may take forever
 
+	// issuing is held while a call is inside NCCL, and by abort. The watchdog aborts from its
+	// own goroutine, and ncclCommAbort frees the communicator: a call that reached NCCL then
+	// would use freed memory (package nccl's rule for Comm.Abort: stop issuing work before
+	// aborting). Once the handle is retired, a later call fails with nccl.ErrClosed instead.
+	issuing sync.Mutex
+
 	mu      sync.Mutex
 	pending []pendingCall // calls not yet seen complete, oldest first
 	spare   []streamEvent // events of completed calls, for reuse
@@ -199,7 +205,10 @@ func (c *Comm) ncclAllReduce(stream *driver.Stream, dst, src driver.DevicePtr, c
 // allReduce queues one all-reduce on stream through NCCL and, when follow is set, lets the
 // watchdog follow it. An error of NCCL fails the engine; an error of the events does not.
 func (e *ncclEngine) allReduce(stream *driver.Stream, dst, src driver.DevicePtr, count int, dt DType, follow bool) error {
-	if err := e.comm.AllReduce(uint64(src), uint64(dst), uint64(count), ncclDataType(dt), nccl.Sum, stream.Handle()); err != nil {
+	e.issuing.Lock()
+	err := e.comm.AllReduce(uint64(src), uint64(dst), uint64(count), ncclDataType(dt), nccl.Sum, stream.Handle())
+	e.issuing.Unlock()
+	if err != nil {
 		e.fail(err)
 		return err
 	}
@@ -309,8 +318,12 @@ func (e *ncclEngine) failLocked(err error) bool {
 	return true
 }
 
-// abort aborts the communicator (again: it does nothing then).
+// abort aborts the communicator (again: it does nothing then), once no call is inside NCCL.
+// A call waits inside NCCL for at most the communicator's OpTimeout (Options.Timeout), after
+// which nccl.Comm aborts the communicator itself.
 func (e *ncclEngine) abort() {
+	e.issuing.Lock()
+	defer e.issuing.Unlock()
 	_ = e.comm.Abort() // nothing else to do if even the abort fails: the engine has failed already
 }
 

@@ -206,3 +206,25 @@ func TestNCCLFailureAborts(t *testing.T) {
 		})
 	}
 }
+
+// TestNCCLWatchdogAbortWaitsForCall: the watchdog aborts a timed-out communicator from its own
+// goroutine, while the rank's goroutine may be handing NCCL its next call (a service that has
+// not looked at Err yet). ncclCommAbort frees the communicator, so it must wait until that
+// call is back from NCCL: the call must never reach a freed communicator, and the abort must
+// come all the same.
+func TestNCCLWatchdogAbortWaitsForCall(t *testing.T) {
+	gpu := &fakeGPU{stuck: 1}
+	f := &fakeNCCL{}
+	e := fakeEngine(t, f, gpu, 20*time.Millisecond)
+	stream := &driver.Stream{}
+	require.NoError(t, e.allReduce(stream, 0x1000, 0x1000, 1<<20, BFloat16, true))
+	gpu.finish(gpu.queued) // the first call can start, and never ends: its peer is gone
+
+	// The next call spends 300 ms inside NCCL (a connection that NCCL sets up, say), long past
+	// the first call's timeout.
+	f.callTime = 300 * time.Millisecond
+	_ = e.allReduce(stream, 0x2000, 0x2000, 1<<20, BFloat16, true)
+	assert.False(t, f.callOnFreed.Load(), "the watchdog aborted the communicator while a call was inside NCCL")
+	require.True(t, eventually(5*time.Second, func() bool { return f.aborts.Load() == 1 }), "the timed-out communicator was aborted")
+	assert.ErrorIs(t, e.failure(), ErrTimeout)
+}
