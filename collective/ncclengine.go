@@ -72,17 +72,14 @@ type ncclEngine struct {
 	pending []pendingCall // calls not yet seen complete, oldest first
 	spare   []streamEvent // events of completed calls, for reuse
 	err     error         // the first failure: an asynchronous NCCL error or a timeout
-	// retired is when the watchdog last saw a call complete: the call after it has been
-	// running since then at most (calls queued back to back wait for each other, so a call's
-	// age counts from the later of its queuing and its predecessor's completion).
-	retired time.Time
 
 	stop, done chan struct{}
 }
 
+// pendingCall is an all-reduce handed to NCCL, between two events of its stream.
 type pendingCall struct {
-	ev    streamEvent
-	since time.Time
+	start, end streamEvent // recorded before and after the call
+	began      time.Time   // when the watchdog first saw start complete; zero until then
 }
 
 // ncclDataType maps the element types onto NCCL's.
@@ -205,38 +202,65 @@ func (c *Comm) ncclAllReduce(stream *driver.Stream, dst, src driver.DevicePtr, c
 // allReduce queues one all-reduce on stream through NCCL and, when follow is set, lets the
 // watchdog follow it. An error of NCCL fails the engine; an error of the events does not.
 func (e *ncclEngine) allReduce(stream *driver.Stream, dst, src driver.DevicePtr, count int, dt DType, follow bool) error {
+	var start streamEvent
+	if follow {
+		// The call's time counts from when the stream reaches it, not from its queuing: work
+		// queued ahead of it on the stream is not the call's.
+		var err error
+		if start, err = e.record(stream); err != nil {
+			return err
+		}
+	}
 	e.issuing.Lock()
 	err := e.comm.AllReduce(uint64(src), uint64(dst), uint64(count), ncclDataType(dt), nccl.Sum, stream.Handle())
 	e.issuing.Unlock()
 	if err != nil {
+		if start != nil {
+			e.giveBack(start)
+		}
 		e.fail(err)
 		return err
 	}
-	if follow {
-		return e.note(stream)
+	if !follow {
+		return nil
 	}
+	end, err := e.record(stream)
+	if err != nil {
+		e.giveBack(start)
+		return err
+	}
+	e.mu.Lock()
+	e.pending = append(e.pending, pendingCall{start: start, end: end})
+	e.mu.Unlock()
 	return nil
 }
 
-// note records an event after the call just queued on stream.
-func (e *ncclEngine) note(stream *driver.Stream) error {
+// record records an event (a spare one, else a new one) at the current end of stream.
+func (e *ncclEngine) record(stream *driver.Stream) (streamEvent, error) {
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	var ev streamEvent
 	if n := len(e.spare); n > 0 {
 		ev, e.spare = e.spare[n-1], e.spare[:n-1]
-	} else {
+	}
+	e.mu.Unlock()
+	if ev == nil {
 		var err error
 		if ev, err = e.newEvent(); err != nil {
-			return fmt.Errorf("event to follow an NCCL call: %w", err)
+			return nil, fmt.Errorf("event to follow an NCCL call: %w", err)
 		}
 	}
 	if err := ev.Record(stream); err != nil {
 		ev.Close()
-		return err
+		return nil, fmt.Errorf("event to follow an NCCL call: %w", err)
 	}
-	e.pending = append(e.pending, pendingCall{ev: ev, since: time.Now()})
-	return nil
+	return ev, nil
+}
+
+// giveBack keeps ev for reuse.
+func (e *ncclEngine) giveBack(ev streamEvent) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.spare = append(e.spare, ev)
 }
 
 // watch checks the calls in flight and NCCL's asynchronous error until close, and aborts the
@@ -271,23 +295,30 @@ func (e *ncclEngine) check() (failed bool) {
 		return false
 	}
 	for len(e.pending) > 0 {
-		p := e.pending[0]
-		done, err := p.ev.Query()
+		p := &e.pending[0]
+		done, err := p.end.Query()
 		if err != nil {
 			return e.failLocked(err)
 		}
 		if !done {
-			started := p.since
-			if e.retired.After(started) {
-				started = e.retired
+			// Only the oldest call is followed: a later one waits inside NCCL for it, and its
+			// time counts once it is the oldest, from when its stream has reached it.
+			if p.began.IsZero() {
+				started, err := p.start.Query()
+				if err != nil {
+					return e.failLocked(err)
+				}
+				if !started {
+					break // work queued ahead of it on its stream is still running
+				}
+				p.began = time.Now()
 			}
-			if e.timeout > 0 && time.Since(started) > e.timeout {
-				return e.failLocked(fmt.Errorf("%w: an all-reduce handed to NCCL has not completed %v after it could start (a peer missing, stuck or dead?)", ErrTimeout, time.Since(started).Round(time.Millisecond)))
+			if e.timeout > 0 && time.Since(p.began) > e.timeout {
+				return e.failLocked(fmt.Errorf("%w: an all-reduce handed to NCCL has not completed %v after it could start (a peer missing, stuck or dead?)", ErrTimeout, time.Since(p.began).Round(time.Millisecond)))
 			}
 			break
 		}
-		e.retired = time.Now()
-		e.spare = append(e.spare, p.ev)
+		e.spare = append(e.spare, p.start, p.end)
 		e.pending = e.pending[1:]
 	}
 	if err := e.comm.AsyncError(); err != nil && !errors.Is(err, nccl.ErrInProgress) && !errors.Is(err, nccl.ErrClosed) {
@@ -348,7 +379,8 @@ func (e *ncclEngine) close(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, p := range e.pending {
-		p.ev.Close()
+		p.start.Close()
+		p.end.Close()
 	}
 	for _, ev := range e.spare {
 		ev.Close()

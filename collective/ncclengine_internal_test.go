@@ -228,3 +228,42 @@ func TestNCCLWatchdogAbortWaitsForCall(t *testing.T) {
 	require.True(t, eventually(5*time.Second, func() bool { return f.aborts.Load() == 1 }), "the timed-out communicator was aborted")
 	assert.ErrorIs(t, e.failure(), ErrTimeout)
 }
+
+// TestNCCLTimeoutCountsFromStart: Options.Timeout bounds how long an all-reduce handed to
+// NCCL runs, counted from when the stream reaches it: work queued ahead of it on the stream
+// (the service's own kernels, longer than the timeout) does not count, and does not get the
+// communicator aborted. A call that starts and does not end within the timeout fails it.
+func TestNCCLTimeoutCountsFromStart(t *testing.T) {
+	gpu := &fakeGPU{}
+	f := &fakeNCCL{}
+	const timeout = 30 * time.Millisecond
+	e := fakeEngine(t, f, gpu, timeout)
+	stream := &driver.Stream{}
+	ahead := gpu.enqueue() // a kernel of the service, queued before the all-reduce
+	require.NoError(t, e.allReduce(stream, 0x1000, 0x1000, 1<<20, BFloat16, true))
+	time.Sleep(10 * timeout)
+	require.NoError(t, e.failure(), "the all-reduce timed out while the stream still ran the work queued ahead of it")
+	assert.Zero(t, f.aborts.Load())
+
+	gpu.finish(ahead) // the all-reduce starts, and completes well within the timeout
+	time.Sleep(timeout / 3)
+	gpu.finish(gpu.queued)
+	require.True(t, eventually(5*time.Second, func() bool {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return len(e.pending) == 0
+	}), "the completed call was retired")
+	require.NoError(t, e.failure())
+
+	// The next call starts at once and never ends: its peer is gone.
+	gpu.mu.Lock()
+	gpu.stuck = gpu.queued + 1
+	gpu.mu.Unlock()
+	start := time.Now()
+	require.NoError(t, e.allReduce(stream, 0x1000, 0x1000, 1<<20, BFloat16, true))
+	gpu.finish(gpu.queued)
+	require.True(t, eventually(5*time.Second, func() bool { return e.failure() != nil }))
+	assert.ErrorIs(t, e.failure(), ErrTimeout)
+	assert.GreaterOrEqual(t, time.Since(start), timeout)
+	require.True(t, eventually(5*time.Second, func() bool { return f.aborts.Load() == 1 }))
+}

@@ -137,7 +137,9 @@ type Options struct {
 	// blocks. (The block caps for ranks sharing a GPU assume 512 threads either way.)
 	ThreadsPerBlock int
 	// Timeout is how long a kernel waits for a peer before it gives up and records an error
-	// (default DefaultTimeout; negative: wait forever).
+	// (default DefaultTimeout; negative: wait forever). An all-reduce handed to NCCL must
+	// complete within Timeout of when its stream reaches it, else the NCCL communicator is
+	// aborted and the communicator fails.
 	Timeout time.Duration
 	// IPC selects how memory is shared between processes (default memory.LegacyIPC).
 	IPC memory.Kind
