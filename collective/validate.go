@@ -110,8 +110,13 @@ func (pc *pointerCache) add(r allocRange) {
 // checkPointer refuses a buffer [p, p+n) that is not device memory of this rank's device
 // inside one allocation: a host pointer, a freed allocation, memory of another device or
 // garbage would otherwise fault in the kernel and leave the CUDA context of the whole process
-// unusable. The answer is cached per allocation.
+// unusable. The answer is cached per allocation. A range whose end wraps around the address
+// space is refused first: its wrapped end would pass both the cache's and the allocation's
+// bounds.
 func (c *Comm) checkPointer(what string, p driver.DevicePtr, n uint64) error {
+	if uint64(p) > math.MaxUint64-n {
+		return invalid("%s %#x of %d bytes wraps around the address space: pass the buffer's size in bytes", what, uint64(p), n)
+	}
 	if c.pointers.find(p, n) {
 		return nil
 	}

@@ -3,6 +3,7 @@ package collective
 import (
 	"errors"
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -96,4 +97,21 @@ func TestSlotTableReuse(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, slot)
 	assert.Equal(t, 3, table.inUse())
+}
+
+// TestRegisterRefusesWrappingSize: a registration whose end wraps around the address space is
+// refused, also for a buffer inside an allocation already checked: its wrapped end would pass
+// the allocation's bounds, and the registration would claim more bytes than the allocation
+// has, which every peer's kernels then trust as the room of this rank's buffer.
+func TestRegisterRefusesWrappingSize(t *testing.T) {
+	const p = 0x7f0000000000
+	c := &Comm{registered: map[driver.DevicePtr]*Registration{}}
+	c.pointers.add(allocRange{base: p, size: 1 << 20})
+	require.NoError(t, c.checkRegister(p, 1<<20), "the allocation itself, from the cache")
+	for _, n := range []uint64{math.MaxUint64 - 15, math.MaxUint64 - p + 16} {
+		err := c.checkRegister(p+16, n)
+		assert.ErrorIs(t, err, ErrInvalidArgument, "%d bytes", n)
+	}
+	err := c.checkRegister(p+16, math.MaxUint64-15)
+	assert.ErrorContains(t, err, "wraps around the address space")
 }
