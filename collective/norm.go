@@ -2,6 +2,7 @@ package collective
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/goccl/goccl/driver"
 	"github.com/goccl/goccl/dtype"
@@ -124,8 +125,14 @@ func (c *Comm) FusedSelected(rows, hidden int, dt DType, sharedOutputs bool) (Al
 	if !dt.Valid() || rows < 1 || hidden < 1 {
 		return 0, invalid("fused selection for %d rows of %d %v elements: need a valid element type and at least one row of one element", rows, hidden, dt)
 	}
+	// Compare before multiplying: the product may not fit an int64, and a wrapped one would be
+	// routed as the few bytes it leaves. The call itself takes no such shape.
+	rowBytes := int64(dt.Size())
+	if int64(hidden) > math.MaxInt64/rowBytes || int64(rows) > math.MaxInt64/(int64(hidden)*rowBytes) {
+		return 0, invalid("fused selection for %d rows of %d %v elements: more bytes than an int64 holds", rows, hidden, dt)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	a := FusedArgs{Rows: rows, Hidden: hidden, DType: dt}
-	return c.routeFused(Auto, a, int64(rows)*int64(hidden)*int64(dt.Size()), sharedOutputs, sharedOutputs)
+	return c.routeFused(Auto, a, int64(rows)*int64(hidden)*rowBytes, sharedOutputs, sharedOutputs)
 }

@@ -1,6 +1,8 @@
 package collective
 
 import (
+	"math"
+
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -112,4 +114,21 @@ func TestFusedSelected(t *testing.T) {
 	}
 	_, err = c.FusedSelected(1, 8192, 0, false)
 	assert.ErrorIs(t, err, ErrInvalidArgument)
+}
+
+// TestFusedSelectedHugeShapes: shapes whose bytes do not fit an int64 are refused, never
+// answered with a kernel for the few bytes their wrapped product leaves, with NCCL or without.
+func TestFusedSelectedHugeShapes(t *testing.T) {
+	o, err := Options{MaxBytes: 1 << 20}.withDefaults()
+	require.NoError(t, err)
+	c := &Comm{opts: o, size: 8, major: 9, custom: true, ncclWhy: "no libnccl"}
+	c.layout = newArenaLayout(o, c.size)
+	for _, shape := range [][2]int{{1 << 40, 1 << 23}, {1 << 62, 8192}, {1, math.MaxInt}, {math.MaxInt, 2}} {
+		got, err := c.FusedSelected(shape[0], shape[1], BFloat16, false)
+		assert.ErrorIs(t, err, ErrInvalidArgument, "%d rows of %d elements: got %v", shape[0], shape[1], got)
+		assert.ErrorContains(t, err, "int64", "%d rows of %d elements", shape[0], shape[1])
+	}
+	// a shape that fits, past MaxBytes: still the route's own refusal
+	_, err = c.FusedSelected(1<<20, 8192, BFloat16, false)
+	assert.ErrorContains(t, err, "more than MaxBytes")
 }
