@@ -310,6 +310,9 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 				// numbers would wait for each other forever.
 				return fmt.Errorf("rank %d chose %v barriers and rank %d %v: the ranks' drivers answered differently whether their GPUs have native atomics on each other's memory; set Options.FlagBarriers on every rank", r, ptx.Scope(parts[r].Scope), c.rank, c.scope)
 			}
+			if err := checkArena(r, c.rank, parts[r].Arena, c.opts.IPC, c.layout.total); err != nil {
+				return err
+			}
 			infos[r].BlocksPerSM, infos[r].Arena = parts[r].BlocksPerSM, parts[r].Arena
 			infos[r].Tune = parts[r].Tune
 		}

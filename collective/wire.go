@@ -90,6 +90,37 @@ func agree(infos []rankInfo, me int) error {
 	return nil
 }
 
+// checkArena refuses the arena descriptor that rank r sent unless it describes an arena laid
+// out as this rank's: the same sharing kind (Options.IPC, which decides whether the ranks
+// exchange file descriptors next: ranks that disagree would wait for each other), exactly
+// total bytes (every offset the kernels use in a peer's arena comes from this rank's layout,
+// so a smaller arena, from a rank of another goccl version or a corrupt message, would be
+// written past its end), from its start, and for VMM a mapping that covers it.
+func checkArena(r, me int, d memory.Descriptor, kind memory.Kind, total uint64) error {
+	switch {
+	case d.Kind != kind:
+		return invalid("rank %d shares its memory as %s and rank %d as %s: every rank must pass the same Options.IPC", r, kindName(d.Kind), me, kindName(kind))
+	case d.Size != total:
+		return fmt.Errorf("the arena of rank %d is %d bytes, rank %d's %d bytes: do all ranks run the same goccl version?", r, d.Size, me, total)
+	case d.Offset != 0:
+		return fmt.Errorf("the arena of rank %d starts at offset %d of its allocation, not 0: do all ranks run the same goccl version?", r, d.Offset)
+	case d.Kind == memory.VMM && d.Mapped < d.Size:
+		return fmt.Errorf("the arena of rank %d maps %d bytes, fewer than its %d: do all ranks run the same goccl version?", r, d.Mapped, d.Size)
+	}
+	return nil
+}
+
+// kindName names a memory.Kind as Options.IPC spells it.
+func kindName(k memory.Kind) string {
+	switch k {
+	case memory.LegacyIPC:
+		return "memory.LegacyIPC"
+	case memory.VMM:
+		return "memory.VMM"
+	}
+	return fmt.Sprintf("memory.Kind(%d)", int(k))
+}
+
 // ranksPerGPU is the largest number of ranks that share one GPU.
 func ranksPerGPU(infos []rankInfo) int {
 	count := map[[16]byte]int{}

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goccl/goccl/driver"
+	"github.com/goccl/goccl/memory"
 )
 
 // TestExchangeStatus: a rank's refusal travels in front of its blob and reaches every rank
@@ -114,4 +115,36 @@ func TestRegisterRefusesWrappingSize(t *testing.T) {
 	}
 	err := c.checkRegister(p+16, math.MaxUint64-15)
 	assert.ErrorContains(t, err, "wraps around the address space")
+}
+
+// TestCheckArena: a peer's arena descriptor is used only if it describes an arena laid out as
+// this rank's: the same sharing kind, exactly the layout's bytes from the allocation's start,
+// and a VMM mapping that covers them. Anything else would have this rank's kernels index
+// past the peer's arena, or the ranks disagree on whether file descriptors travel next.
+func TestCheckArena(t *testing.T) {
+	o, err := Options{}.withDefaults()
+	require.NoError(t, err)
+	total := newArenaLayout(o, 4).total
+	legacy := memory.Descriptor{Kind: memory.LegacyIPC, Ptr: 0x7f0000000000, Size: total}
+	vmm := memory.Descriptor{Kind: memory.VMM, Ptr: 0x7f0000000000, Size: total, Mapped: total + 4096}
+	require.NoError(t, checkArena(1, 0, legacy, memory.LegacyIPC, total))
+	require.NoError(t, checkArena(1, 0, vmm, memory.VMM, total))
+	with := func(d memory.Descriptor, f func(d *memory.Descriptor)) memory.Descriptor { f(&d); return d }
+	for _, tc := range []struct {
+		name string
+		d    memory.Descriptor
+		kind memory.Kind
+		want string
+	}{
+		{"other IPC kind", legacy, memory.VMM, "Options.IPC"},
+		{"smaller arena", with(legacy, func(d *memory.Descriptor) { d.Size = total - 16 }), memory.LegacyIPC, "same goccl version"},
+		{"larger arena", with(legacy, func(d *memory.Descriptor) { d.Size = total + 16 }), memory.LegacyIPC, "same goccl version"},
+		{"offset", with(legacy, func(d *memory.Descriptor) { d.Offset = 4096 }), memory.LegacyIPC, "offset 4096"},
+		{"VMM mapping short", with(vmm, func(d *memory.Descriptor) { d.Mapped = total / 2 }), memory.VMM, "maps"},
+	} {
+		err := checkArena(1, 0, tc.d, tc.kind, total)
+		assert.ErrorContains(t, err, tc.want, tc.name)
+		assert.ErrorContains(t, err, "rank 1", tc.name)
+	}
+	assert.ErrorIs(t, checkArena(1, 0, legacy, memory.VMM, total), ErrInvalidArgument, "mismatched options are the caller's")
 }
