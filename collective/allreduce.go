@@ -125,11 +125,21 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 	}
 	a.U32(flags)
 	a.U32(tail)
-	// Staged is part of the call: every rank must read its peers' inputs through the same
-	// table slot, and a rank that stages (slot 0) beside one reading its registered input in
-	// place would read stale data; the kernels then report ErrCallMismatch.
-	a.U64(ptx.Call{Op: ptx.OpAllReduce, Algo: kernel, DType: dt, Count: uint64(count), Staged: staged}.Fingerprint())
+	a.U64(allReduceCall(kernel, dt, count, staged, algo == TwoShot && direct))
 	return c.launch(stream, c.kernels.fn[c.scope][kernel][dt], blocks, threads, a)
+}
+
+// allReduceCall is the call fingerprint of an all-reduce launch of kernel. Staged and direct
+// are part of the call: every rank must read its peers' inputs through the same table slot
+// (a rank that stages, slot 0, beside one reading its registered input in place would read
+// stale data), and every rank must deliver TwoShot's sums the same way (a rank that gathers
+// from the peers' tmp buffers beside one that wrote straight into the registered outputs
+// instead would gather stale data; the two kernels pass as many barriers). Whether a src or
+// dst is registered is this rank's knowledge alone (a rank may pass an unregistered
+// counterpart, or release its registration before a peer does); the kernels then report
+// ErrCallMismatch instead of returning such sums.
+func allReduceCall(kernel ptx.Algorithm, dt DType, count int, staged, direct bool) uint64 {
+	return ptx.Call{Op: ptx.OpAllReduce, Algo: kernel, DType: dt, Count: uint64(count), Staged: staged, Direct: direct}.Fingerprint()
 }
 
 // launch starts fn on stream with the packed arguments (with PDL where the communicator uses

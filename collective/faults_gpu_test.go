@@ -268,6 +268,71 @@ func TestStagingMismatch(t *testing.T) {
 	}
 }
 
+// TestOutputRouteMismatch: a rank whose TwoShot writes straight into every rank's registered
+// output beside ranks whose output is not registered (they gather from the tmp buffers, which
+// the direct rank never wrote) gets ErrCallMismatch instead of a sum of stale data, for the
+// plain all-reduce and the fused call.
+func TestOutputRouteMismatch(t *testing.T) {
+	requireGPU(t)
+	const ws = 3
+	timeout := 3 * time.Second
+	check := func(t *testing.T, g *group, start time.Time) {
+		t.Helper()
+		g.waitAll(4 * timeout)
+		err := g.ranks[0].comm.Err()
+		require.ErrorIs(t, err, collective.ErrCallMismatch, "rank 0 (after %v)", time.Since(start))
+		var ke *collective.KernelError
+		require.ErrorAs(t, err, &ke)
+		assert.True(t, ke.Mine.Direct)
+		assert.False(t, ke.Theirs.Direct)
+		assert.Less(t, time.Since(start), timeout, "the mismatch should be reported at once")
+		t.Logf("rank 0: %v", err)
+	}
+	t.Run("allreduce", func(t *testing.T) {
+		const count = 4096
+		g := newGroup(t, virtualRanks(ws), collective.Options{Algorithm: collective.TwoShot, Timeout: timeout}, 1<<20)
+		g.parallel(func(rb *rankBufs) error {
+			_, err := rb.comm.Register(context.Background(), rb.out, 2*count)
+			return err
+		})
+		start := time.Now()
+		for r, rb := range g.ranks {
+			dst := rb.out // registered: direct
+			if r > 0 {
+				dst = rb.out + 64<<10 // not registered: through tmp
+			}
+			require.NoError(t, rb.comm.AllReduce(rb.stream, dst, rb.in, count, dtype.BFloat16))
+		}
+		check(t, g, start)
+	})
+	t.Run("fused", func(t *testing.T) {
+		const rows, hidden = 8, 8192
+		const n = rows * hidden * 2
+		g := newGroup(t, virtualRanks(ws), collective.Options{Timeout: timeout}, 1<<20)
+		g.parallel(func(rb *rankBufs) error {
+			if _, err := rb.comm.Register(context.Background(), rb.out, n); err != nil {
+				return err
+			}
+			_, err := rb.comm.Register(context.Background(), rb.out+n, n)
+			return err
+		})
+		for _, rb := range g.ranks {
+			require.NoError(t, rb.comm.LoadFused(dtype.BFloat16))
+		}
+		start := time.Now()
+		for r, rb := range g.ranks {
+			a := collective.FusedArgs{In: rb.in, Residual: rb.in + n, Gamma: rb.in + 2*n,
+				ResidualOut: rb.out, NormOut: rb.out + n, // registered: direct
+				Rows: rows, Hidden: hidden, Eps: 1e-6, DType: dtype.BFloat16}
+			if r > 0 {
+				a.ResidualOut, a.NormOut = rb.out+4*n, rb.out+5*n // not registered: through tmp
+			}
+			require.NoError(t, rb.comm.AllReduceResidualRMSNormWith(rb.stream, a, collective.TwoShot))
+		}
+		check(t, g, start)
+	})
+}
+
 // TestAnyCount: every element count is reduced exactly, for every algorithm and element type,
 // and nothing after the last element of dst is written.
 func TestAnyCount(t *testing.T) {

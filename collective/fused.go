@@ -391,12 +391,16 @@ func (c *Comm) columnsServe(a FusedArgs, residShared bool) bool {
 // columnsServe.
 const fusedColumnsTmpRowsPerRank = 3
 
-// fusedCall is the call fingerprint of a fused launch of kernel; a Columns launch through the
-// tmp buffers (not direct) is marked Staged, so that ranks that disagree on the route are a
-// mismatch rather than wrong rows.
+// fusedCall is the call fingerprint of a fused launch of kernel; direct says that it writes
+// into every rank's outputs through their table (p_resid_outs). A Columns launch through the
+// tmp buffers (not direct) is marked Staged, and a direct TwoShot Direct, so that ranks that
+// disagree on the route (one rank's outputs registered, a peer's not) are a mismatch rather
+// than wrong rows: a TwoShot through tmp would otherwise gather stale rows from a direct
+// peer's tmp buffer, the two kernels passing as many barriers.
 func (c *Comm) fusedCall(kernel ptx.Algorithm, a FusedArgs, direct bool) uint64 {
 	call := ptx.FusedCall(kernel, a.DType, a.Rows, a.Hidden, a.NoNorm)
 	call.Staged = kernel == ptx.Columns && !direct
+	call.Direct = kernel == ptx.TwoShot && direct
 	return call.Fingerprint()
 }
 

@@ -382,3 +382,25 @@ func TestLoadFused(t *testing.T) {
 		require.NoError(t, ks8.release())
 	}
 }
+
+// TestCallNamesTheRoute: ranks that deliver a call's sums differently (straight into every
+// rank's registered outputs, or through the tmp buffers) pass different call fingerprints,
+// so that the kernels report ErrCallMismatch: the two kernels pass as many barriers, and a
+// rank gathering from a direct peer's tmp buffer would otherwise return stale rows. Whether
+// an output is registered is each rank's own knowledge.
+func TestCallNamesTheRoute(t *testing.T) {
+	c := &Comm{}
+	a := FusedArgs{Rows: 64, Hidden: 8192, DType: BFloat16}
+	for _, kernel := range []ptx.Algorithm{ptx.TwoShot, ptx.Columns} {
+		direct, tmp := c.fusedCall(kernel, a, true), c.fusedCall(kernel, a, false)
+		assert.NotEqual(t, direct, tmp, "fused %v, direct against through tmp", kernel)
+		assert.Equal(t, kernel, ptx.DecodeCall(direct).Algo)
+	}
+	assert.Equal(t, c.fusedCall(ptx.OneShot, a, false), c.fusedCall(ptx.OneShot, a, true), "OneShot has one route")
+	assert.True(t, ptx.DecodeCall(c.fusedCall(ptx.TwoShot, a, true)).Direct)
+
+	direct, tmp := allReduceCall(ptx.TwoShot, BFloat16, 1<<16, false, true), allReduceCall(ptx.TwoShot, BFloat16, 1<<16, false, false)
+	assert.NotEqual(t, direct, tmp, "all-reduce TwoShot, direct against through tmp")
+	assert.Equal(t, ptx.Call{Op: ptx.OpAllReduce, Algo: ptx.TwoShot, DType: BFloat16, Count: 1 << 16, Direct: true}, ptx.DecodeCall(direct))
+	assert.NotEqual(t, allReduceCall(ptx.OneShot, BFloat16, 8, true, false), allReduceCall(ptx.OneShot, BFloat16, 8, false, false), "staged")
+}

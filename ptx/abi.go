@@ -260,17 +260,30 @@ type Call struct {
 	// fused Columns kernel it says that the call goes through the tmp buffers instead of
 	// into every rank's ResidualOut, on which the ranks must agree as well.
 	Staged bool
+	// Direct says that the rank's kernel writes its results straight into every rank's
+	// output through a registration slot (p_outputs, the fused kernels' p_resid_outs), not
+	// through its tmp buffer. Ranks must agree: a rank gathering from its peers' tmp buffers
+	// beside a peer that wrote into the outputs instead (a registered output on one rank, an
+	// unregistered one on another) would gather stale rows; the two kernels pass the same
+	// number of barriers, so nothing else tells them apart.
+	Direct bool
 }
 
 // Fingerprint packs the call into 64 bits: Count in bits 0..39, DType in 40..47, Algo in
-// 48..54, Staged in 55, Op in 56..63. Two calls whose fields fit these widths have equal
-// fingerprints exactly when they are equal; a fingerprint is never 0 when Op is not.
+// 48..53, Direct in 54, Staged in 55, Op in 56..63. Two calls whose fields fit these widths
+// have equal fingerprints exactly when they are equal; a fingerprint is never 0 when Op is
+// not.
 func (c Call) Fingerprint() uint64 {
-	var staged uint64
-	if c.Staged {
-		staged = 1
+	return c.Count&(1<<40-1) | uint64(uint8(c.DType))<<40 | uint64(uint8(c.Algo)&0x3F)<<48 |
+		bit(c.Direct)<<54 | bit(c.Staged)<<55 | uint64(c.Op)<<56
+}
+
+// bit is 1 for true, 0 for false.
+func bit(b bool) uint64 {
+	if b {
+		return 1
 	}
-	return c.Count&(1<<40-1) | uint64(uint8(c.DType))<<40 | uint64(uint8(c.Algo)&0x7F)<<48 | staged<<55 | uint64(c.Op)<<56
+	return 0
 }
 
 // DecodeCall unpacks a fingerprint (the inverse of Fingerprint for calls whose fields fit).
@@ -278,10 +291,11 @@ func (c Call) Fingerprint() uint64 {
 func DecodeCall(fp uint64) Call {
 	return Call{
 		Op:     CallOp(fp >> 56),
-		Algo:   Algorithm(uint8(fp>>48) & 0x7F),
+		Algo:   Algorithm(uint8(fp>>48) & 0x3F),
 		DType:  dtype.DType(uint8(fp >> 40)),
 		Count:  fp & (1<<40 - 1),
 		Staged: fp>>55&1 == 1,
+		Direct: fp>>54&1 == 1,
 	}
 }
 
@@ -290,21 +304,25 @@ func (c Call) String() string {
 	if c == (Call{}) {
 		return "no call"
 	}
+	direct := ""
+	if c.Direct {
+		direct = ", straight into every rank's output"
+	}
 	if c.Op == OpAllReduceRMSNorm || c.Op == OpAllReduceResidual {
 		rows, hidden := FusedShape(c.Count)
 		if c.Staged {
-			return fmt.Sprintf("%v of %d rows of %d %v elements (%v, through tmp)", c.Op, rows, hidden, c.DType, c.Algo)
+			return fmt.Sprintf("%v of %d rows of %d %v elements (%v, through tmp%s)", c.Op, rows, hidden, c.DType, c.Algo, direct)
 		}
-		return fmt.Sprintf("%v of %d rows of %d %v elements (%v)", c.Op, rows, hidden, c.DType, c.Algo)
+		return fmt.Sprintf("%v of %d rows of %d %v elements (%v%s)", c.Op, rows, hidden, c.DType, c.Algo, direct)
 	}
 	unit := "elements"
 	if c.Count == 1 {
 		unit = "element"
 	}
 	if c.Staged {
-		return fmt.Sprintf("%v of %d %v %s (%v, input through the staging buffer)", c.Op, c.Count, c.DType, unit, c.Algo)
+		return fmt.Sprintf("%v of %d %v %s (%v, input through the staging buffer%s)", c.Op, c.Count, c.DType, unit, c.Algo, direct)
 	}
-	return fmt.Sprintf("%v of %d %v %s (%v)", c.Op, c.Count, c.DType, unit, c.Algo)
+	return fmt.Sprintf("%v of %d %v %s (%v%s)", c.Op, c.Count, c.DType, unit, c.Algo, direct)
 }
 
 // CallWords spreads a fingerprint over four u32 words, 16 bits each, with tag in the upper

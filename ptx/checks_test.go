@@ -20,10 +20,12 @@ func TestCallFingerprint(t *testing.T) {
 	assert.Equal(t, uint64(1)<<56|uint64(TwoShot)<<48|uint64(dtype.BFloat16)<<40|1024, fp)
 	assert.Equal(t, c, DecodeCall(fp))
 	assert.Equal(t, "all-reduce of 1024 bf16 elements (twoshot)", c.String())
-	assert.Equal(t, "all-reduce of 1 f32 element (push)", Call{OpAllReduce, Push, dtype.Float32, 1, false}.String())
-	assert.Equal(t, "all-reduce of 7 f16 elements (oneshot, input through the staging buffer)", Call{OpAllReduce, OneShot, dtype.Float16, 7, true}.String())
+	assert.Equal(t, "all-reduce of 1 f32 element (push)", Call{Op: OpAllReduce, Algo: Push, DType: dtype.Float32, Count: 1}.String())
+	assert.Equal(t, "all-reduce of 7 f16 elements (oneshot, input through the staging buffer)", Call{Op: OpAllReduce, Algo: OneShot, DType: dtype.Float16, Count: 7, Staged: true}.String())
+	assert.Equal(t, "all-reduce of 1024 bf16 elements (twoshot, straight into every rank's output)", Call{Op: OpAllReduce, Algo: TwoShot, DType: dtype.BFloat16, Count: 1024, Direct: true}.String())
+	assert.Equal(t, uint64(1)<<54|fp, Call{Op: OpAllReduce, Algo: TwoShot, DType: dtype.BFloat16, Count: 1024, Direct: true}.Fingerprint())
 	assert.Equal(t, "no call", DecodeCall(0).String())
-	assert.Equal(t, "op(9) of 3 f16 elements (oneshot)", Call{9, OneShot, dtype.Float16, 3, false}.String())
+	assert.Equal(t, "op(9) of 3 f16 elements (oneshot)", Call{Op: 9, Algo: OneShot, DType: dtype.Float16, Count: 3}.String())
 
 	// every field change changes the fingerprint, and no all-reduce fingerprint is 0
 	seen := map[uint64]Call{}
@@ -31,20 +33,22 @@ func TestCallFingerprint(t *testing.T) {
 		for _, dt := range dtype.All {
 			for _, n := range []uint64{0, 1, 2, 1023, 1024, 1 << 32, 1<<40 - 1} {
 				for _, staged := range []bool{false, true} {
-					c := Call{OpAllReduce, algo, dt, n, staged}
-					fp := c.Fingerprint()
-					require.NotZero(t, fp)
-					require.Equal(t, c, DecodeCall(fp))
-					if other, dup := seen[fp]; dup {
-						t.Fatalf("%v and %v share fingerprint %#x", c, other, fp)
+					for _, direct := range []bool{false, true} {
+						c := Call{OpAllReduce, algo, dt, n, staged, direct}
+						fp := c.Fingerprint()
+						require.NotZero(t, fp)
+						require.Equal(t, c, DecodeCall(fp))
+						if other, dup := seen[fp]; dup {
+							t.Fatalf("%v and %v share fingerprint %#x", c, other, fp)
+						}
+						seen[fp] = c
 					}
-					seen[fp] = c
 				}
 			}
 		}
 	}
 	// counts beyond 40 bits keep their low bits
-	assert.Equal(t, uint64(5), DecodeCall(Call{OpAllReduce, Push, dtype.Float32, 1<<40 + 5, false}.Fingerprint()).Count)
+	assert.Equal(t, uint64(5), DecodeCall(Call{Op: OpAllReduce, Algo: Push, DType: dtype.Float32, Count: 1<<40 + 5}.Fingerprint()).Count)
 }
 
 func TestErrCodeAndPhaseStrings(t *testing.T) {
@@ -96,15 +100,17 @@ func callCheck(loaded, expected [4]uint32) callVerdict {
 // earlier round (or a torn mix of two writes) are never taken for a call, and the same round
 // with another call is always a mismatch.
 func TestCallWords(t *testing.T) {
-	mine := Call{OpAllReduce, OneShot, dtype.BFloat16, 1000, false}.Fingerprint()
+	mine := Call{OpAllReduce, OneShot, dtype.BFloat16, 1000, false, false}.Fingerprint()
 	calls := []uint64{
 		mine,
-		Call{OpAllReduce, OneShot, dtype.BFloat16, 1001, false}.Fingerprint(),
-		Call{OpAllReduce, OneShot, dtype.Float16, 1000, false}.Fingerprint(),
-		Call{OpAllReduce, TwoShot, dtype.BFloat16, 1000, false}.Fingerprint(),
-		Call{OpAllReduce, OneShot, dtype.BFloat16, 1000 + 1<<20, false}.Fingerprint(),
+		Call{OpAllReduce, OneShot, dtype.BFloat16, 1001, false, false}.Fingerprint(),
+		Call{OpAllReduce, OneShot, dtype.Float16, 1000, false, false}.Fingerprint(),
+		Call{OpAllReduce, TwoShot, dtype.BFloat16, 1000, false, false}.Fingerprint(),
+		Call{OpAllReduce, OneShot, dtype.BFloat16, 1000 + 1<<20, false, false}.Fingerprint(),
 		// the same call, its input read through the staging buffer
-		Call{OpAllReduce, OneShot, dtype.BFloat16, 1000, true}.Fingerprint(),
+		Call{OpAllReduce, OneShot, dtype.BFloat16, 1000, true, false}.Fingerprint(),
+		// the same call, its sums written straight into every rank's output
+		Call{OpAllReduce, OneShot, dtype.BFloat16, 1000, false, true}.Fingerprint(),
 	}
 	for _, round := range []uint32{1, 2, 3, 0xFFFF, 0x10000, 0x10001, 0xFFFFFFFF} {
 		want := CallWords(mine, uint16(round))
