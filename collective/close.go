@@ -142,21 +142,23 @@ func (c *Comm) Close() error {
 // release frees in reverse order of init; it tolerates a partly built Comm.
 func (c *Comm) release() error {
 	var errs []error
-	if c.nccl != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), c.drainLimit())
-		errs = append(errs, c.nccl.close(ctx))
-		cancel()
-	}
 	// Graphs and registrations still held by the caller become inert: their slots and
 	// mappings go with the table and the opened buffers below. A graph's executable is
 	// destroyed here, while the context is still open: a Graph.Close after this Close could no
-	// longer destroy it, and the executable would leak.
+	// longer destroy it, and the executable would leak. It goes before the NCCL
+	// communicator, whose calls it may hold: NCCL frees what a captured call keeps when the
+	// graph goes, and that must find the communicator still there.
 	for g := range c.graphs {
 		errs = append(errs, g.exec.Close())
 		g.exec = nil
 		g.done = true
 	}
 	clear(c.graphs)
+	if c.nccl != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), c.drainLimit())
+		errs = append(errs, c.nccl.close(ctx))
+		cancel()
+	}
 	for _, reg := range c.registered {
 		reg.done = true
 	}

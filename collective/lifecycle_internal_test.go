@@ -185,6 +185,24 @@ func TestCloseDestroysGraphs(t *testing.T) {
 	assert.ErrorIs(t, g.Launch(&driver.Stream{}), ErrClosed)
 }
 
+// TestCloseDestroysGraphsBeforeNCCL: Close destroys the graphs' executables before the NCCL
+// communicator, since a graph may hold captured NCCL calls whose resources NCCL frees when the
+// graph goes.
+func TestCloseDestroysGraphsBeforeNCCL(t *testing.T) {
+	boots, err := bootstrap.NewInProcess(1)
+	require.NoError(t, err)
+	c := hostComm(0, 1, boots[0])
+	g := &Graph{c: c, exec: &driver.GraphExec{}}
+	c.graphs[g] = struct{}{}
+	var execAtDestroy *driver.GraphExec
+	fake := &fakeNCCL{onDestroy: func() { execAtDestroy = g.exec }}
+	c.nccl = newNCCLEngine(fake, nil, 0)
+
+	require.NoError(t, c.Close())
+	assert.Equal(t, int32(1), fake.destroys.Load())
+	assert.Nil(t, execAtDestroy, "the graph's executable was destroyed before the NCCL communicator")
+}
+
 // TestEagerCallDuringCapture: while Capture runs fn, which it does without the
 // communicator's lock, a call on a stream other than the captured one (another goroutine's
 // eager all-reduce) is eager: it reads its input through the staging slot, sees no shared

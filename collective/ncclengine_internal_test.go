@@ -19,11 +19,12 @@ import (
 // fakeNCCL stands in for an NCCL communicator. Like a real one, it must never be handed a call
 // while it is aborted or being aborted: such a call reaches a freed ncclComm_t.
 type fakeNCCL struct {
-	mu       sync.Mutex
-	asyncErr error         // what AsyncError reports
-	callErr  error         // what AllReduce returns
-	callTime time.Duration // how long AllReduce stays inside "NCCL"
-	gpu      *fakeGPU      // where AllReduce queues its work; nil: nowhere
+	mu        sync.Mutex
+	asyncErr  error         // what AsyncError reports
+	callErr   error         // what AllReduce returns
+	callTime  time.Duration // how long AllReduce stays inside "NCCL"
+	gpu       *fakeGPU      // where AllReduce queues its work; nil: nowhere
+	onDestroy func()        // called by Destroy; nil: nothing
 
 	inCall      atomic.Int32
 	calls       atomic.Int32
@@ -73,6 +74,9 @@ func (f *fakeNCCL) Abort() error {
 }
 
 func (f *fakeNCCL) Destroy(ctx context.Context) error {
+	if f.onDestroy != nil {
+		f.onDestroy()
+	}
 	f.destroys.Add(1)
 	f.aborted.Store(true)
 	return nil
