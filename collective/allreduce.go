@@ -162,6 +162,8 @@ func (c *Comm) launch(stream *driver.Stream, fn *driver.Function, blocks, thread
 		if err := c.noteWork(stream); err != nil {
 			return c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
 		}
+	} else {
+		c.capture.launches++
 	}
 	return nil
 }

@@ -23,6 +23,10 @@ type captureState struct {
 	sizes  []uint64 // the largest use of each buffer
 	slots  []int
 	uses   []uint32 // per shared use, in call order: its buffer's position
+
+	// The calls recorded: kernel launches and all-reduces handed to NCCL. A replay of a graph
+	// holding NCCL calls is followed by the NCCL watchdog as one call of that many.
+	launches, ncclCalls int
 }
 
 func newCaptureState() *captureState {
@@ -124,6 +128,11 @@ type Graph struct {
 	slots []int
 	keys  []ipcKey
 	done  bool // closed, or its communicator closed
+
+	// calls is how many calls the graph holds, ncclCalls how many of them NCCL's; what names
+	// the graph in the NCCL watchdog's timeout.
+	calls, ncclCalls int
+	what             string
 }
 
 // Exec returns the instantiated CUDA graph, or nil once the graph or its communicator is
@@ -137,6 +146,13 @@ func (g *Graph) Exec() *driver.GraphExec {
 
 // Launch replays the graph on stream. Every rank replays its own graph of the same capture,
 // in the same order as its other calls of the communicator.
+//
+// A graph that holds all-reduces handed to NCCL is followed by the NCCL watchdog as eager NCCL
+// calls are, as a whole: a replay that has not completed within Options.Timeout times the
+// number of calls it holds (goccl's kernels and NCCL's), counted from when stream reaches
+// it, aborts the NCCL communicator (Err then reports ErrTimeout), so that a peer that never
+// replays its graph cannot hold this rank's stream forever. Work of the caller's own that fn
+// queued into the graph counts against that limit too.
 func (g *Graph) Launch(stream *driver.Stream) error {
 	c := g.c
 	c.mu.Lock()
@@ -147,7 +163,17 @@ func (g *Graph) Launch(stream *driver.Stream) error {
 	if err := c.usable(); err != nil {
 		return err
 	}
-	if err := g.exec.Launch(stream); err != nil {
+	launch := func() error { return g.exec.Launch(stream) }
+	var err error
+	if g.ncclCalls > 0 && c.nccl != nil {
+		err = c.nccl.replay(stream, launch, g.calls, g.what)
+	} else {
+		err = launch()
+	}
+	if err != nil {
+		if failed := c.usable(); failed != nil {
+			return failed // the NCCL engine failed first: the graph was not launched
+		}
 		return c.fail(fmt.Errorf("collective: rank %d: launch graph: %w", c.rank, err))
 	}
 	if err := c.work.note(stream); err != nil {
@@ -271,7 +297,10 @@ func (c *Comm) Capture(ctx context.Context, stream *driver.Stream, fn func() err
 		return nil, errors.Join(fmt.Errorf("collective: rank %d: capture: %w", c.rank, err),
 			c.table.release(cs.slots...), c.unopen(keys))
 	}
-	g := &Graph{c: c, exec: exec, slots: cs.slots, keys: keys}
+	g := &Graph{c: c, exec: exec, slots: cs.slots, keys: keys, calls: cs.launches + cs.ncclCalls, ncclCalls: cs.ncclCalls}
+	if g.ncclCalls > 0 {
+		g.what = fmt.Sprintf("a replay of a captured graph of %d calls, %d of them handed to NCCL", g.calls, g.ncclCalls)
+	}
 	c.graphs[g] = struct{}{}
 	return g, nil
 }

@@ -76,11 +76,13 @@ const (
 // TestNCCLMultiNode runs 2 and 4 processes on GPU 0 as if on as many hosts (each its own
 // NCCL_HOSTID, NCCL over its socket transport on lo), joined through FromEnv's several-node
 // path (TCP bootstrap): every call goes to NCCL, every element type, sizes up to 64 MiB. Then
-// a rank that dies before its all-reduce makes the others fail within twice Options.Timeout.
+// a rank that dies before its all-reduce makes the others fail within twice Options.Timeout,
+// and so does a rank that never replays its graph of a captured NCCL all-reduce while the
+// others replay theirs.
 func TestNCCLMultiNode(t *testing.T) {
 	requireNCCL(t)
 	for _, procs := range []int{2, 4} {
-		for _, mode := range []string{"sums", "killed"} {
+		for _, mode := range []string{"sums", "killed", "stuckgraph"} {
 			t.Run(fmt.Sprintf("%d/%s", procs, mode), func(t *testing.T) {
 				runNCCLJob(t, procs, mode)
 			})
@@ -215,6 +217,42 @@ func TestNCCLMultiNodeChild(t *testing.T) {
 		require.Less(t, time.Since(start), 2*timeout+time.Second)
 		require.ErrorIs(t, err, collective.ErrUnusable)
 		require.ErrorIs(t, comm.Err(), collective.ErrUnusable, "and every later call says so")
+		fmt.Printf("rank %d: reported after %v: %v\n", rank, time.Since(start).Round(time.Millisecond), err)
+		fmt.Println("nccl rank ok")
+		return
+	}
+
+	if os.Getenv(envNCCLMode) == "stuckgraph" {
+		// Every rank captures one all-reduce (NCCL's) after an eager one that connects the
+		// peers; the last rank never replays its graph. The others' replays wait for it on
+		// the GPU, where no call returns an error: the watchdog must see the replay stuck
+		// past the timeout, abort NCCL (which ends the replay's kernel), and report it.
+		require.NoError(t, comm.AllReduce(stream, out, in, 1<<20, dtype.BFloat16))
+		require.NoError(t, stream.Wait(ctx))
+		g, err := comm.Capture(ctx, stream, func() error {
+			return comm.AllReduce(stream, out, in, 1<<20, dtype.BFloat16)
+		})
+		require.NoError(t, err)
+		if rank == size-1 {
+			time.Sleep(2*timeout + 3*time.Second) // long enough for the peers to report
+			fmt.Println("nccl rank ok")
+			os.Exit(0) // a rank gone without a word: no Close
+		}
+		start := time.Now()
+		require.NoError(t, g.Launch(stream))
+		err = nil
+		for err == nil && time.Since(start) < 2*timeout+time.Second {
+			time.Sleep(50 * time.Millisecond)
+			err = comm.Err()
+		}
+		require.Error(t, err, "a replay waiting for a peer that never replays must be reported")
+		require.Less(t, time.Since(start), 2*timeout)
+		require.ErrorIs(t, err, collective.ErrTimeout)
+		require.ErrorContains(t, err, "replay")
+		wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer wcancel()
+		require.NoError(t, stream.Wait(wctx), "the aborted replay's kernels end")
+		require.ErrorIs(t, g.Launch(stream), collective.ErrUnusable, "no replay on an aborted communicator")
 		fmt.Printf("rank %d: reported after %v: %v\n", rank, time.Since(start).Round(time.Millisecond), err)
 		fmt.Println("nccl rank ok")
 		return

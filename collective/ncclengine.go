@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -76,11 +77,17 @@ type ncclEngine struct {
 	stop, done chan struct{}
 }
 
-// pendingCall is an all-reduce handed to NCCL, between two events of its stream.
+// pendingCall is an all-reduce handed to NCCL, or the replay of a graph that holds some,
+// between two events of its stream.
 type pendingCall struct {
-	start, end streamEvent // recorded before and after the call
-	began      time.Time   // when the watchdog first saw start complete; zero until then
+	start, end streamEvent   // recorded before and after the call
+	began      time.Time     // when the watchdog first saw start complete; zero until then
+	limit      time.Duration // how long it may run from began; 0: no limit
+	what       string        // what it is, for the timeout's error
 }
+
+// ncclCallWhat names an eager all-reduce handed to NCCL in a timeout's error.
+const ncclCallWhat = "an all-reduce handed to NCCL"
 
 // ncclDataType maps the element types onto NCCL's.
 func ncclDataType(dt DType) nccl.DataType {
@@ -195,6 +202,8 @@ func (c *Comm) ncclAllReduce(stream *driver.Stream, dst, src driver.DevicePtr, c
 		if err := c.work.note(stream); err != nil {
 			return c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
 		}
+	} else if c.capture != nil {
+		c.capture.ncclCalls++ // Capture's graph: Graph.Launch lets the watchdog follow it
 	}
 	return nil
 }
@@ -230,7 +239,42 @@ func (e *ncclEngine) allReduce(stream *driver.Stream, dst, src driver.DevicePtr,
 		return err
 	}
 	e.mu.Lock()
-	e.pending = append(e.pending, pendingCall{start: start, end: end})
+	e.pending = append(e.pending, pendingCall{start: start, end: end, limit: e.timeout, what: ncclCallWhat})
+	e.mu.Unlock()
+	return nil
+}
+
+// replay launches a graph that holds calls captured calls, some of them NCCL's, on stream, and
+// lets the watchdog follow the replay as one call that must complete within the timeout
+// times calls of when its stream reaches it: the watchdog cannot see the graph's calls one
+// by one, and each of them may take up to the timeout. what names the graph in a timeout's
+// error. The launch is made as a call is, with no abort under way, and never once the engine
+// has failed: an aborted communicator has freed what the graph's NCCL calls use.
+func (e *ncclEngine) replay(stream *driver.Stream, launch func() error, calls int, what string) error {
+	start, err := e.record(stream)
+	if err != nil {
+		return err
+	}
+	e.issuing.Lock()
+	if err = e.failure(); err == nil {
+		err = launch()
+	}
+	e.issuing.Unlock()
+	if err != nil {
+		e.giveBack(start)
+		return err
+	}
+	end, err := e.record(stream)
+	if err != nil {
+		e.giveBack(start)
+		return err
+	}
+	limit := e.timeout * time.Duration(max(calls, 1))
+	if e.timeout > 0 && limit/time.Duration(max(calls, 1)) != e.timeout {
+		limit = math.MaxInt64 // the product overflows: as good as no limit
+	}
+	e.mu.Lock()
+	e.pending = append(e.pending, pendingCall{start: start, end: end, limit: limit, what: what})
 	e.mu.Unlock()
 	return nil
 }
@@ -313,8 +357,8 @@ func (e *ncclEngine) check() (failed bool) {
 				}
 				p.began = time.Now()
 			}
-			if e.timeout > 0 && time.Since(p.began) > e.timeout {
-				return e.failLocked(fmt.Errorf("%w: an all-reduce handed to NCCL has not completed %v after it could start (a peer missing, stuck or dead?)", ErrTimeout, time.Since(p.began).Round(time.Millisecond)))
+			if p.limit > 0 && time.Since(p.began) > p.limit {
+				return e.failLocked(fmt.Errorf("%w: %s has not completed %v after it could start (a peer missing, stuck or dead?)", ErrTimeout, p.what, time.Since(p.began).Round(time.Millisecond)))
 			}
 			break
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -270,4 +271,58 @@ func TestNCCLTimeoutCountsFromStart(t *testing.T) {
 	assert.ErrorIs(t, e.failure(), ErrTimeout)
 	assert.GreaterOrEqual(t, time.Since(start), timeout)
 	require.True(t, eventually(5*time.Second, func() bool { return f.aborts.Load() == 1 }))
+}
+
+// TestNCCLReplayTimeout: the replay of a captured graph that holds NCCL calls is followed by
+// the watchdog as a whole, since the watchdog cannot see the graph's calls one by one: it may
+// run up to the timeout times the calls it holds, counted from when the stream reaches it,
+// and a replay stuck past that (a peer that never replays its graph) aborts the communicator
+// with an ErrTimeout that names the replay. Once the engine has failed, no graph is launched:
+// the aborted communicator has freed what the graph's NCCL calls use.
+func TestNCCLReplayTimeout(t *testing.T) {
+	gpu := &fakeGPU{}
+	f := &fakeNCCL{}
+	const timeout = 20 * time.Millisecond
+	const calls = 5
+	e := fakeEngine(t, f, gpu, timeout)
+	stream := &driver.Stream{}
+	var launches atomic.Int32
+	launch := func() error {
+		launches.Add(1)
+		gpu.mu.Lock()
+		gpu.stuck = gpu.queued + 1 // the graph's NCCL calls wait for a peer that never replays
+		gpu.mu.Unlock()
+		gpu.enqueue()
+		return nil
+	}
+	start := time.Now()
+	require.NoError(t, e.replay(stream, launch, calls, "a replay of a test graph"))
+	gpu.finish(gpu.queued)
+	time.Sleep(2 * timeout)
+	require.NoError(t, e.failure(), "the replay timed out after twice the timeout; it holds %d calls", calls)
+	assert.Zero(t, f.aborts.Load())
+
+	require.True(t, eventually(5*time.Second, func() bool { return e.failure() != nil }), "the stuck replay was never timed out")
+	assert.GreaterOrEqual(t, time.Since(start), calls*timeout)
+	assert.ErrorIs(t, e.failure(), ErrTimeout)
+	assert.ErrorIs(t, e.failure(), ErrUnusable)
+	assert.Contains(t, e.failure().Error(), "a replay of a test graph")
+	require.True(t, eventually(5*time.Second, func() bool { return f.aborts.Load() == 1 }), "the timed-out communicator was aborted")
+
+	err := e.replay(stream, launch, calls, "a replay of a test graph")
+	require.ErrorIs(t, err, ErrUnusable, "a replay after the failure")
+	assert.Equal(t, int32(1), launches.Load(), "a graph was launched on an aborted communicator")
+	assert.False(t, f.callOnFreed.Load())
+}
+
+// TestNCCLReplayLimitSaturates: a graph of very many calls under a long timeout gets no limit
+// rather than one that wrapped around to a short (or negative) time.
+func TestNCCLReplayLimitSaturates(t *testing.T) {
+	gpu := &fakeGPU{}
+	e := fakeEngine(t, &fakeNCCL{}, gpu, time.Hour)
+	require.NoError(t, e.replay(&driver.Stream{}, func() error { gpu.enqueue(); return nil }, 1<<40, "a replay"))
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	require.Len(t, e.pending, 1)
+	assert.Equal(t, time.Duration(math.MaxInt64), e.pending[0].limit)
 }

@@ -139,7 +139,8 @@ type Options struct {
 	// Timeout is how long a kernel waits for a peer before it gives up and records an error
 	// (default DefaultTimeout; negative: wait forever). An all-reduce handed to NCCL must
 	// complete within Timeout of when its stream reaches it, else the NCCL communicator is
-	// aborted and the communicator fails.
+	// aborted and the communicator fails; the replay of a captured graph that holds such calls
+	// must complete within Timeout times the number of calls it holds (see Graph.Launch).
 	Timeout time.Duration
 	// IPC selects how memory is shared between processes (default memory.LegacyIPC).
 	IPC memory.Kind
