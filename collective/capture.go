@@ -137,7 +137,8 @@ type Graph struct {
 
 // Exec returns the instantiated CUDA graph, or nil once the graph or its communicator is
 // closed. A caller that launches it other than through Launch (as a child graph, say) must
-// make sure those runs are complete before Close.
+// make sure those runs are complete before Close, and no watchdog follows those runs: the
+// NCCL calls the graph may hold (see Launch) then wait for their peers as long as NCCL does.
 func (g *Graph) Exec() *driver.GraphExec {
 	g.c.mu.Lock()
 	defer g.c.mu.Unlock()
