@@ -25,7 +25,10 @@ import (
 // It only enqueues work on stream (a kernel, and before a TwoShot kernel that reads src
 // through the staging buffer, a copy) and returns; the stream must belong
 // to this rank's device. A peer that does not arrive makes the kernel give up after
-// Options.Timeout; that error is reported by Err and by every later call.
+// Options.Timeout; that error is reported by Err and by every later call. An all-reduce
+// handed to NCCL has no such kernel: the NCCL watchdog follows it instead, eager or replayed
+// with Graph.Launch (Options.Timeout); one captured into a graph of the caller's own, outside
+// Capture, waits for its peers as long as NCCL does.
 //
 // Inputs: Push reads src directly. OneShot and TwoShot need src to be visible to the peers:
 // a src registered with Register is read in place (OneShot: if dst does not overlap it;
