@@ -300,7 +300,7 @@ func (c *Comm) Capture(ctx context.Context, stream *driver.Stream, fn func() err
 	}
 	g := &Graph{c: c, exec: exec, slots: cs.slots, keys: keys, calls: cs.launches + cs.ncclCalls, ncclCalls: cs.ncclCalls}
 	if g.ncclCalls > 0 {
-		g.what = fmt.Sprintf("a replay of a captured graph of %d calls, %d of them handed to NCCL", g.calls, g.ncclCalls)
+		g.what = fmt.Sprintf("a replay of a captured graph of %d call(s), %d of them handed to NCCL", g.calls, g.ncclCalls)
 	}
 	c.graphs[g] = struct{}{}
 	return g, nil
