@@ -164,12 +164,11 @@ func (g *Graph) Launch(stream *driver.Stream) error {
 	if err := c.usable(); err != nil {
 		return err
 	}
-	launch := func() error { return g.exec.Launch(stream) }
 	var err error
 	if g.ncclCalls > 0 && c.nccl != nil {
-		err = c.nccl.replay(stream, launch, g.calls, g.what)
+		err = c.nccl.replay(stream, func() error { return g.exec.Launch(stream) }, g.calls, g.what)
 	} else {
-		err = launch()
+		err = g.exec.Launch(stream)
 	}
 	if err != nil {
 		if failed := c.usable(); failed != nil {

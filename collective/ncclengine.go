@@ -233,13 +233,19 @@ func (e *ncclEngine) allReduce(stream *driver.Stream, dst, src driver.DevicePtr,
 	if !follow {
 		return nil
 	}
+	return e.follow(stream, start, e.timeout, ncclCallWhat)
+}
+
+// follow records the end of a call that began at start on stream and hands the call to the
+// watchdog, which gives it limit from when the stream reaches start.
+func (e *ncclEngine) follow(stream *driver.Stream, start streamEvent, limit time.Duration, what string) error {
 	end, err := e.record(stream)
 	if err != nil {
 		e.giveBack(start)
 		return err
 	}
 	e.mu.Lock()
-	e.pending = append(e.pending, pendingCall{start: start, end: end, limit: e.timeout, what: ncclCallWhat})
+	e.pending = append(e.pending, pendingCall{start: start, end: end, limit: limit, what: what})
 	e.mu.Unlock()
 	return nil
 }
@@ -264,19 +270,12 @@ func (e *ncclEngine) replay(stream *driver.Stream, launch func() error, calls in
 		e.giveBack(start)
 		return err
 	}
-	end, err := e.record(stream)
-	if err != nil {
-		e.giveBack(start)
-		return err
-	}
-	limit := e.timeout * time.Duration(max(calls, 1))
-	if e.timeout > 0 && limit/time.Duration(max(calls, 1)) != e.timeout {
+	n := time.Duration(max(calls, 1))
+	limit := e.timeout * n
+	if e.timeout > 0 && limit/n != e.timeout {
 		limit = math.MaxInt64 // the product overflows: as good as no limit
 	}
-	e.mu.Lock()
-	e.pending = append(e.pending, pendingCall{start: start, end: end, limit: limit, what: what})
-	e.mu.Unlock()
-	return nil
+	return e.follow(stream, start, limit, what)
 }
 
 // record records an event (a spare one, else a new one) at the current end of stream.
