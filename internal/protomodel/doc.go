@@ -108,11 +108,15 @@
 // lets a rank's next kernel hold slots while it waits for the previous one.
 // This model is a state machine rather than goroutines: slots, each rank's
 // queued calls, kernel launch (at the predecessor's exit without PDL; with
-// PDL once its every block triggered, early or past its wait on peers) and
-// each block's way through griddepcontrol.wait, its wait on peers and its
-// exit, with a random enabled step at a time. ptx.EarlyTriggerRoom's rule must
-// never deadlock; the broken rule EarlyAlways, and a room one block larger
-// than the rule's, must.
+// PDL once its every block triggered, early or past its last wait on peers) and
+// each block's way through griddepcontrol.wait, its waits on peers and its
+// exit, with a random enabled step at a time. Each call is of a kind: SendFirst
+// (push) triggers early before any wait on a peer; EntryFirst (one-shot, direct
+// two-shot, the fused kernels) after its entry barrier, then waits on its peers
+// again at its exit barrier. ptx.EarlyTriggerRoom's rule must never deadlock,
+// nor EarlyAfterEntry (every EntryFirst grid early, SendFirst ones within the
+// room), nor EarlyAlways with every call EntryFirst; EarlyAlways with SendFirst
+// calls, and a room one block larger than the rule's, must.
 //
 // Failures are errors: ErrEarlyPass, ErrWrongSum, ErrStaleRead, and a
 // *DeadlockError (errors.Is ErrDeadlock) from a progress watchdog that stops a

@@ -6,8 +6,8 @@ import (
 	"strings"
 )
 
-// TriggerRule says which grids let the next kernel of their stream launch before their wait
-// on a peer (ptx.FlagEarlyTrigger) in a residency run.
+// TriggerRule says which grids let the next kernel of their stream launch before their last
+// wait on a peer (ptx.FlagEarlyTrigger) in a residency run.
 type TriggerRule int
 
 const (
@@ -16,9 +16,16 @@ const (
 	EarlyWhereRoom TriggerRule = iota
 	// LateOnly never sets the flag: every kernel triggers when it exits.
 	LateOnly
-	// EarlyAlways sets the flag on every grid: the broken rule, which the model must catch
-	// deadlocking once ranks share the GPU tightly.
+	// EarlyAlways sets the flag on every grid: the broken rule for SendFirst kernels, which
+	// the model must catch deadlocking once ranks share the GPU tightly. With every call
+	// EntryFirst it is safe (see EarlyAfterEntry).
 	EarlyAlways
+	// EarlyAfterEntry sets the flag on every EntryFirst grid, whatever its size, and on the
+	// SendFirst grids that EarlyWhereRoom allows. An EntryFirst kernel triggers only once every
+	// one of its blocks is past the entry barrier, so block b of every rank's same call is
+	// resident, for every b: the next kernel's blocks can no longer keep any rank's current
+	// kernel from becoming resident, and the current kernels finish without another slot.
+	EarlyAfterEntry
 )
 
 // String names the rule.
@@ -30,8 +37,36 @@ func (r TriggerRule) String() string {
 		return "late only"
 	case EarlyAlways:
 		return "early always"
+	case EarlyAfterEntry:
+		return "early after entry"
 	}
 	return fmt.Sprintf("TriggerRule(%d)", int(r))
+}
+
+// KernelKind says where a kernel's early trigger sits, which decides what its blocks have
+// made sure of when the next kernel of the stream may launch.
+type KernelKind int
+
+const (
+	// SendFirst is the push kernel: it triggers early just past griddepcontrol.wait (after
+	// its sends), before any wait on a peer, so a triggered kernel says nothing about its
+	// peers' blocks being resident.
+	SendFirst KernelKind = iota
+	// EntryFirst is one-shot, direct two-shot and the fused kernels: they trigger early after
+	// their entry barrier (block b of every rank has arrived, so is resident), then wait on
+	// their peers again at the exit barrier.
+	EntryFirst
+)
+
+// String names the kind.
+func (k KernelKind) String() string {
+	switch k {
+	case SendFirst:
+		return "send first"
+	case EntryFirst:
+		return "entry first"
+	}
+	return fmt.Sprintf("KernelKind(%d)", int(k))
 }
 
 // ResidencyConfig is one run of the residency model.
@@ -41,10 +76,13 @@ type ResidencyConfig struct {
 	// Grids is the block count of every call, in call order; every rank makes the same
 	// calls, as the kernels' per-block barriers require.
 	Grids []int
+	// Kinds is the kernel kind of every call, parallel to Grids; the calls past its end
+	// (all of them when it is nil) are SendFirst, the kind the model had before EntryFirst.
+	Kinds []KernelKind
 	// PDL launches every kernel with programmatic stream serialization.
 	PDL bool
 	// Rule and Room decide which grids trigger early: with EarlyWhereRoom, those of at most
-	// Room blocks.
+	// Room blocks; with EarlyAfterEntry, those and every EntryFirst grid.
 	Rule TriggerRule
 	Room int
 	// Seed drives the scheduler's choices.
@@ -56,13 +94,21 @@ type ResidencyStats struct {
 	// Overlaps counts the blocks placed on the GPU while the same rank's previous kernel
 	// was still there: the situation the trigger rule is about.
 	Overlaps int
+	// EarlyOverlaps[k] counts the blocks of call k placed while a block of the same rank's
+	// call k-1 had not yet passed its last wait on a peer: only an early trigger of call k-1
+	// allows that, so tests can tell which calls' early triggers a run exercised.
+	EarlyOverlaps []int
 }
 
-// Stages of one block in the residency model.
+// Stages of one block in the residency model, in order: a block only moves forward, and a
+// wait on peers compares their stages with one of these. A SendFirst block goes from
+// stageAtPeer straight to stagePastPeer (its waits on peers folded into one); an EntryFirst
+// block passes stageEntered between its entry and its exit barrier.
 const (
 	stagePending  = iota // launched or not, not on the GPU
 	stageWaitPrev        // resident, in griddepcontrol.wait
-	stageAtPeer          // past the wait (and the early trigger), waiting for its peers
+	stageAtPeer          // past the wait (and SendFirst's early trigger), waiting for its peers
+	stageEntered         // EntryFirst: past the entry barrier (and the early trigger), at the exit barrier
 	stagePastPeer        // past its last wait on a peer (and the late trigger), still resident
 	stageDone            // exited; its slot is free
 )
@@ -72,6 +118,7 @@ const (
 type residency struct {
 	cfg      ResidencyConfig
 	issued   []int       // calls queued by each rank's host
+	live     []int       // each rank's first call not yet exited: those before have no moves
 	launched [][]bool    // [rank][call]
 	stage    [][][]uint8 // [rank][call][block]
 	used     int         // resident blocks
@@ -81,11 +128,14 @@ type residency struct {
 // Residency runs the forward-progress side of PDL on a shared GPU, which Barrier, Push and
 // OneShot leave out (they assume every block runs). Each rank queues its calls' kernels on its
 // own stream; a kernel launches when its predecessor has exited (without PDL) or when every
-// block of the predecessor has triggered (with PDL: early, just past griddepcontrol.wait, the
-// earliest any kernel triggers, or late, past its wait on peers). A launched kernel's blocks
-// take a free slot each, in any order; a block passes griddepcontrol.wait once the previous
-// kernel of its stream has exited, then waits until the same block of every rank has got that
-// far (the kernels' waits on peers, folded into one), then exits, some steps later. Every
+// block of the predecessor has triggered (with PDL: early, where its kind puts the early
+// trigger, or late, past its last wait on peers). A launched kernel's blocks take a free slot
+// each, in any order; a block passes griddepcontrol.wait once the previous kernel of its
+// stream has exited, then waits until the same block of every rank has got that far. A
+// SendFirst block, whose early trigger is just past griddepcontrol.wait (the earliest any
+// kernel triggers), folds its waits on peers into that one; an EntryFirst block calls it the
+// entry barrier, triggers early past it, and waits again at the exit barrier until the same
+// block of every rank is past the entry barrier. Then the block exits, some steps later. Every
 // step takes one enabled transition at random, hosts queuing calls included, so one rank can
 // run ahead while another's host lags. A run ends when every block has exited, or with an
 // error wrapping ErrDeadlock when blocks are left and no transition is enabled (the error
@@ -102,7 +152,16 @@ func Residency(cfg ResidencyConfig) (ResidencyStats, error) {
 			return ResidencyStats{}, fmt.Errorf("protomodel: call %d has %d blocks: want 1 to min(%d, Slots %d)", k, g, MaxBlocks, cfg.Slots)
 		}
 	}
-	m := &residency{cfg: cfg, issued: make([]int, cfg.Ranks)}
+	if len(cfg.Kinds) > len(cfg.Grids) {
+		return ResidencyStats{}, fmt.Errorf("protomodel: %d kinds for %d calls: want at most one a call", len(cfg.Kinds), len(cfg.Grids))
+	}
+	for k, kind := range cfg.Kinds {
+		if kind != SendFirst && kind != EntryFirst {
+			return ResidencyStats{}, fmt.Errorf("protomodel: call %d has kind %v: want SendFirst or EntryFirst", k, kind)
+		}
+	}
+	m := &residency{cfg: cfg, issued: make([]int, cfg.Ranks), live: make([]int, cfg.Ranks)}
+	m.stats.EarlyOverlaps = make([]int, len(cfg.Grids))
 	for range cfg.Ranks {
 		m.launched = append(m.launched, make([]bool, len(cfg.Grids)))
 		calls := make([][]uint8, len(cfg.Grids))
@@ -112,16 +171,25 @@ func Residency(cfg ResidencyConfig) (ResidencyStats, error) {
 		m.stage = append(m.stage, calls)
 	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15))
+	var moves []move
 	for {
-		moves := m.moves()
+		moves = m.moves(moves)
 		if len(moves) == 0 {
 			if m.finished() {
 				return m.stats, nil
 			}
 			return m.stats, m.deadlock()
 		}
-		moves[rng.IntN(len(moves))]()
+		m.take(moves[rng.IntN(len(moves))])
 	}
+}
+
+// kind is call k's kernel kind.
+func (m *residency) kind(k int) KernelKind {
+	if k < len(m.cfg.Kinds) {
+		return m.cfg.Kinds[k]
+	}
+	return SendFirst
 }
 
 // early says whether call k's grid triggers its dependents early.
@@ -131,8 +199,21 @@ func (m *residency) early(k int) bool {
 		return true
 	case EarlyWhereRoom:
 		return m.cfg.Grids[k] <= m.cfg.Room
+	case EarlyAfterEntry:
+		return m.kind(k) == EntryFirst || m.cfg.Grids[k] <= m.cfg.Room
 	}
 	return false
+}
+
+// triggerStage is the stage from which a block of call k has let its dependents launch.
+func (m *residency) triggerStage(k int) uint8 {
+	switch {
+	case !m.early(k):
+		return stagePastPeer
+	case m.kind(k) == EntryFirst:
+		return stageEntered
+	}
+	return stageAtPeer
 }
 
 // exited says whether every block of rank r's call k has exited.
@@ -147,12 +228,23 @@ func (m *residency) exited(r, k int) bool {
 
 // triggered says whether every block of rank r's call k has let its dependents launch.
 func (m *residency) triggered(r, k int) bool {
+	at := m.triggerStage(k)
 	for _, s := range m.stage[r][k] {
-		if s < stagePastPeer && !(m.early(k) && s >= stageAtPeer) {
+		if s < at {
 			return false
 		}
 	}
 	return true
+}
+
+// waiting says whether a block of rank r's call k has not yet passed its last wait on a peer.
+func (m *residency) waiting(r, k int) bool {
+	for _, s := range m.stage[r][k] {
+		if s < stagePastPeer {
+			return true
+		}
+	}
+	return false
 }
 
 // mayLaunch says whether rank r's queued call k can launch now.
@@ -168,39 +260,60 @@ func (m *residency) mayLaunch(r, k int) bool {
 	return m.exited(r, k-1)
 }
 
-// moves lists the transitions enabled now, each as a function that takes it.
-func (m *residency) moves() []func() {
-	var moves []func()
+// move is one transition of a residency run: a rank's host queuing its next call, a queued
+// kernel launching, or a block moving on to stage to (taking a slot into stageWaitPrev,
+// freeing it into stageDone). Moves are values, not closures, since a run lists them at
+// every step.
+type move struct {
+	op      uint8 // moveIssue, moveLaunch or moveBlock
+	r, k, b int   // rank, call, block (moveIssue uses r only, moveLaunch r and k)
+	to      uint8 // moveBlock's stage
+}
+
+// Ops of a move.
+const (
+	moveIssue = iota
+	moveLaunch
+	moveBlock
+)
+
+// moves lists the transitions enabled now into buf, reusing its storage.
+func (m *residency) moves(buf []move) []move {
+	moves := buf[:0]
 	for r := range m.cfg.Ranks {
 		if m.issued[r] < len(m.cfg.Grids) {
-			moves = append(moves, func() { m.issued[r]++ })
+			moves = append(moves, move{op: moveIssue, r: r})
 		}
-		for k := range m.issued[r] {
+		for k := m.live[r]; k < m.issued[r]; k++ {
 			if !m.launched[r][k] {
 				if m.mayLaunch(r, k) {
-					moves = append(moves, func() { m.launched[r][k] = true })
+					moves = append(moves, move{op: moveLaunch, r: r, k: k})
 				}
 				continue
 			}
+			prevExited := k == 0 || m.exited(r, k-1)
 			for b, s := range m.stage[r][k] {
+				to := uint8(stagePending)
 				switch {
 				case s == stagePending && m.used < m.cfg.Slots:
-					moves = append(moves, func() {
-						m.stage[r][k][b] = stageWaitPrev
-						m.used++
-						if k > 0 && !m.exited(r, k-1) {
-							m.stats.Overlaps++
-						}
-					})
-				case s == stageWaitPrev && (k == 0 || m.exited(r, k-1)):
-					moves = append(moves, func() { m.stage[r][k][b] = stageAtPeer })
-				case s == stageAtPeer && m.peersAt(k, b):
-					moves = append(moves, func() { m.stage[r][k][b] = stagePastPeer })
+					to = stageWaitPrev
+				case s == stageWaitPrev && prevExited:
+					to = stageAtPeer
+				case s == stageAtPeer && m.kind(k) == EntryFirst && m.peersAt(k, b, stageAtPeer):
+					// The entry barrier: block b of every rank is resident and past
+					// griddepcontrol.wait.
+					to = stageEntered
+				case s == stageAtPeer && m.peersAt(k, b, stageAtPeer):
+					to = stagePastPeer
+				case s == stageEntered && m.peersAt(k, b, stageEntered):
+					// The exit barrier: block b of every rank is past the entry barrier.
+					// Its blocks are all resident already, so this wait needs no slot.
+					to = stagePastPeer
 				case s == stagePastPeer:
-					moves = append(moves, func() {
-						m.stage[r][k][b] = stageDone
-						m.used--
-					})
+					to = stageDone
+				}
+				if to != stagePending {
+					moves = append(moves, move{op: moveBlock, r: r, k: k, b: b, to: to})
 				}
 			}
 		}
@@ -208,10 +321,39 @@ func (m *residency) moves() []func() {
 	return moves
 }
 
-// peersAt says whether block b of call k of every rank has passed griddepcontrol.wait.
-func (m *residency) peersAt(k, b int) bool {
+// take makes move mv, which moves listed as enabled.
+func (m *residency) take(mv move) {
+	r, k := mv.r, mv.k
+	switch mv.op {
+	case moveIssue:
+		m.issued[r]++
+	case moveLaunch:
+		m.launched[r][k] = true
+	case moveBlock:
+		switch mv.to {
+		case stageWaitPrev:
+			m.used++
+			if k > 0 && !m.exited(r, k-1) {
+				m.stats.Overlaps++
+			}
+			if k > 0 && m.waiting(r, k-1) {
+				m.stats.EarlyOverlaps[k]++
+			}
+		case stageDone:
+			m.used--
+		}
+		m.stage[r][k][mv.b] = mv.to
+		for m.live[r] < len(m.cfg.Grids) && m.exited(r, m.live[r]) {
+			m.live[r]++
+		}
+	}
+}
+
+// peersAt says whether block b of call k of every rank has got to stage at or past it:
+// stageAtPeer, past griddepcontrol.wait; stageEntered, past the entry barrier.
+func (m *residency) peersAt(k, b int, at uint8) bool {
 	for p := range m.cfg.Ranks {
-		if m.stage[p][k][b] < stageAtPeer {
+		if m.stage[p][k][b] < at {
 			return false
 		}
 	}
@@ -227,7 +369,8 @@ func (m *residency) finished() bool {
 	return true
 }
 
-// deadlock describes a stuck run: what holds the slots and what is launched without one.
+// deadlock describes a stuck run: what holds the slots and what is launched without one
+// (with each call's kind where the config gives kinds).
 func (m *residency) deadlock() error {
 	var holding, pending []string
 	for r := range m.cfg.Ranks {
@@ -235,17 +378,21 @@ func (m *residency) deadlock() error {
 			var resident, waiting int
 			for _, s := range m.stage[r][k] {
 				switch s {
-				case stageWaitPrev, stageAtPeer, stagePastPeer:
+				case stageWaitPrev, stageAtPeer, stageEntered, stagePastPeer:
 					resident++
 				case stagePending:
 					waiting++
 				}
 			}
+			call := fmt.Sprintf("rank %d call %d", r, k)
+			if m.cfg.Kinds != nil {
+				call += fmt.Sprintf(" (%v)", m.kind(k))
+			}
 			if resident > 0 {
-				holding = append(holding, fmt.Sprintf("rank %d call %d: %d blocks", r, k, resident))
+				holding = append(holding, fmt.Sprintf("%s: %d blocks", call, resident))
 			}
 			if waiting > 0 && m.launched[r][k] {
-				pending = append(pending, fmt.Sprintf("rank %d call %d: %d blocks", r, k, waiting))
+				pending = append(pending, fmt.Sprintf("%s: %d blocks", call, waiting))
 			}
 		}
 	}

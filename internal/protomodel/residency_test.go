@@ -33,34 +33,174 @@ func residencyCases() []ResidencyConfig {
 	return cases
 }
 
-// TestResidencyRule checks ptx.EarlyTriggerRoom: with PDL and the early trigger where the rule
-// allows it (and with the late trigger only, and without PDL), no schedule deadlocks, and the
-// runs did put a rank's next kernel on the GPU beside its previous one.
+// residencyKinds are the kind mixes every case runs with: nil (every call SendFirst, as
+// before kinds), every call EntryFirst, and each call's kind at random, the slice sometimes a
+// call short (that call SendFirst). The draws are the same on every run of the tests.
+func residencyKinds(calls int, rng *rand.Rand) []struct {
+	name  string
+	kinds []KernelKind
+} {
+	entry := make([]KernelKind, calls)
+	for k := range entry {
+		entry[k] = EntryFirst
+	}
+	mixed := make([]KernelKind, calls-rng.IntN(2))
+	for k := range mixed {
+		mixed[k] = KernelKind(rng.IntN(2))
+	}
+	return []struct {
+		name  string
+		kinds []KernelKind
+	}{{"send first", nil}, {"entry first", entry}, {"mixed", mixed}}
+}
+
+// kindOf is call k's kind in c, SendFirst past the end of c.Kinds.
+func kindOf(c ResidencyConfig, k int) KernelKind {
+	if k < len(c.Kinds) {
+		return c.Kinds[k]
+	}
+	return SendFirst
+}
+
+// mayTriggerEarly says whether c's rule lets call k trigger early: the rules as
+// ResidencyConfig documents them, for checking where a run's early overlaps came from.
+func mayTriggerEarly(c ResidencyConfig, k int) bool {
+	if !c.PDL {
+		return false
+	}
+	switch c.Rule {
+	case EarlyAlways:
+		return true
+	case EarlyWhereRoom:
+		return c.Grids[k] <= c.Room
+	case EarlyAfterEntry:
+		return kindOf(c, k) == EntryFirst || c.Grids[k] <= c.Room
+	}
+	return false
+}
+
+// TestResidencyRule checks ptx.EarlyTriggerRoom and EarlyAfterEntry: with PDL and the early
+// trigger where either rule allows it (and with the late trigger only, and without PDL), no
+// schedule deadlocks, whatever the calls' kinds; the runs did put a rank's next kernel on the
+// GPU beside its previous one, and those with early triggers beside one still waiting on a
+// peer, EarlyAfterEntry's also beside EntryFirst grids larger than the room, which the room
+// rule alone would not let trigger early.
 func TestResidencyRule(t *testing.T) {
-	overlaps, earlyOverlaps := 0, 0
+	overlaps, earlyOverlaps, entryOverlaps := 0, 0, 0
+	rng := rand.New(rand.NewPCG(3, 4))
 	for _, c := range residencyCases() {
-		for _, v := range []struct {
-			pdl  bool
-			rule TriggerRule
-		}{{true, EarlyWhereRoom}, {true, LateOnly}, {false, LateOnly}} {
-			c.PDL, c.Rule = v.pdl, v.rule
-			for seed := range uint64(100) {
-				c.Seed = seed
-				st, err := Residency(c)
-				require.NoError(t, err, "ranks %d slots %d grids %v room %d PDL %v, seed %d", c.Ranks, c.Slots, c.Grids, c.Room, c.PDL, seed)
-				switch {
-				case c.PDL && c.Rule == EarlyWhereRoom && c.Room >= 1:
-					earlyOverlaps += st.Overlaps
-				case c.PDL:
-					overlaps += st.Overlaps
-				default:
-					require.Zero(t, st.Overlaps, "without PDL a kernel starts after its predecessor exits")
+		for _, mix := range residencyKinds(len(c.Grids), rng) {
+			c.Kinds = mix.kinds
+			for _, v := range []struct {
+				pdl  bool
+				rule TriggerRule
+			}{{true, EarlyAfterEntry}, {true, EarlyWhereRoom}, {true, LateOnly}, {false, LateOnly}} {
+				c.PDL, c.Rule = v.pdl, v.rule
+				for seed := range uint64(100) {
+					c.Seed = seed
+					st, err := Residency(c)
+					require.NoError(t, err, "ranks %d slots %d grids %v kinds %v room %d PDL %v rule %v, seed %d", c.Ranks, c.Slots, c.Grids, c.Kinds, c.Room, c.PDL, c.Rule, seed)
+					if !c.PDL {
+						require.Zero(t, st.Overlaps, "without PDL a kernel starts after its predecessor exits")
+						continue
+					}
+					if c.Rule == LateOnly {
+						overlaps += st.Overlaps
+					}
+					for k, n := range st.EarlyOverlaps {
+						if n == 0 {
+							continue
+						}
+						require.True(t, k > 0 && mayTriggerEarly(c, k-1), "call %d placed beside call %d still waiting on a peer, which rule %v does not let trigger early (grids %v kinds %v room %d)", k, k-1, c.Rule, c.Grids, c.Kinds, c.Room)
+						earlyOverlaps += n
+						if c.Rule == EarlyAfterEntry && kindOf(c, k-1) == EntryFirst && c.Grids[k-1] > c.Room {
+							entryOverlaps += n
+						}
+					}
 				}
 			}
 		}
 	}
 	assert.Positive(t, overlaps, "PDL runs placed a next kernel beside its predecessor")
 	assert.Positive(t, earlyOverlaps, "runs with early triggers placed a next kernel beside a predecessor still waiting")
+	assert.Positive(t, entryOverlaps, "EarlyAfterEntry runs placed a next kernel beside an EntryFirst predecessor larger than the room, still at its exit barrier")
+}
+
+// TestResidencyEntryFirstEarlyAlways checks the claim behind EarlyAfterEntry at its limit:
+// when every call is EntryFirst, every grid may trigger early, even in the case where
+// EarlyAlways deadlocks SendFirst calls (TestResidencyEarlyAlwaysDeadlocks's) and in every
+// shape of residencyCases, whatever the room; and the tight case did place a next kernel
+// beside a predecessor still at its exit barrier.
+func TestResidencyEntryFirstEarlyAlways(t *testing.T) {
+	run := func(c ResidencyConfig, seeds uint64) (earlyOverlaps int) {
+		c.PDL, c.Rule = true, EarlyAlways
+		c.Kinds = make([]KernelKind, len(c.Grids))
+		for k := range c.Kinds {
+			c.Kinds[k] = EntryFirst
+		}
+		for seed := range seeds {
+			c.Seed = seed
+			st, err := Residency(c)
+			require.NoError(t, err, "ranks %d slots %d grids %v, every call EntryFirst and early, seed %d", c.Ranks, c.Slots, c.Grids, seed)
+			for _, n := range st.EarlyOverlaps {
+				earlyOverlaps += n
+			}
+		}
+		return earlyOverlaps
+	}
+	tight := ResidencyConfig{Ranks: 3, Slots: 6, Grids: []int{2, 2, 2, 2, 2, 2}}
+	assert.Positive(t, run(tight, 2000), "the tight case placed a next kernel beside a predecessor at its exit barrier")
+	for _, c := range residencyCases() {
+		run(c, 150)
+	}
+}
+
+// TestResidencyEarlyAfterEntryIsTight checks that EarlyAfterEntry still needs the room for
+// SendFirst calls: one block more deadlocks some case, with every call SendFirst and with
+// SendFirst calls among EntryFirst ones.
+func TestResidencyEarlyAfterEntryIsTight(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, name := range []string{"send first", "mixed"} {
+		t.Run(name, func(t *testing.T) {
+			for _, c := range residencyCases() {
+				c.PDL, c.Rule = true, EarlyAfterEntry
+				c.Room++
+				c.Kinds = make([]KernelKind, len(c.Grids))
+				if name == "mixed" {
+					for k := range c.Kinds {
+						c.Kinds[k] = KernelKind(rng.IntN(2))
+					}
+				}
+				for seed := range uint64(200) {
+					c.Seed = seed
+					if _, err := Residency(c); err != nil {
+						require.ErrorIs(t, err, ErrDeadlock)
+						t.Logf("caught with grids %v, kinds %v, room %d, seed %d: %v", c.Grids, c.Kinds, c.Room, seed, err)
+						return
+					}
+				}
+			}
+			require.FailNow(t, "the model did not catch SendFirst calls one block over ptx.EarlyTriggerRoom's room deadlocking under EarlyAfterEntry")
+		})
+	}
+}
+
+// TestResidencyNilKindsAreSendFirst checks that a config without kinds runs as one whose
+// every call is SendFirst: the same schedule and stats for the same seed.
+func TestResidencyNilKindsAreSendFirst(t *testing.T) {
+	for _, c := range residencyCases()[:15] {
+		c.PDL, c.Rule = true, EarlyWhereRoom
+		for seed := range uint64(5) {
+			c.Seed = seed
+			c.Kinds = nil
+			want, err := Residency(c)
+			require.NoError(t, err)
+			c.Kinds = make([]KernelKind, len(c.Grids)-1)
+			got, err := Residency(c)
+			require.NoError(t, err)
+			require.Equal(t, want, got, "grids %v seed %d", c.Grids, seed)
+		}
+	}
 }
 
 // TestResidencyRuleIsTight checks that the model would catch a rule one block too generous:
@@ -103,5 +243,14 @@ func TestResidencyConfigErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "no calls")
 	_, err = Residency(ResidencyConfig{Ranks: 2, Slots: 4, Grids: []int{5}})
 	assert.ErrorContains(t, err, "5 blocks")
+	_, err = Residency(ResidencyConfig{Ranks: 2, Slots: 4, Grids: []int{1}, Kinds: []KernelKind{EntryFirst, SendFirst}})
+	assert.ErrorContains(t, err, "2 kinds for 1 calls")
+	_, err = Residency(ResidencyConfig{Ranks: 2, Slots: 4, Grids: []int{1, 1}, Kinds: []KernelKind{EntryFirst, 2}})
+	assert.ErrorContains(t, err, "call 1 has kind KernelKind(2)")
+	_, err = Residency(ResidencyConfig{Ranks: 2, Slots: 4, Grids: []int{1}, Kinds: []KernelKind{-1}})
+	assert.ErrorContains(t, err, "call 0 has kind KernelKind(-1)")
 	assert.Equal(t, "early always", EarlyAlways.String())
+	assert.Equal(t, "early after entry", EarlyAfterEntry.String())
+	assert.Equal(t, "send first", SendFirst.String())
+	assert.Equal(t, "entry first", EntryFirst.String())
 }
