@@ -123,7 +123,7 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 	a.Bytes(c.sig[:ws8], 8)
 	a.Bytes(buf[:ws8], 8)
 	a.U64(slot)
-	if blocks <= c.earlyRoom {
+	if c.earlyTrigger(kernel, blocks) {
 		flags |= ptx.FlagEarlyTrigger
 	}
 	a.U32(flags)
@@ -143,6 +143,14 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 // ErrCallMismatch instead of returning such sums.
 func allReduceCall(kernel ptx.Algorithm, dt DType, count int, staged, direct bool) uint64 {
 	return ptx.Call{Op: ptx.OpAllReduce, Algo: kernel, DType: dt, Count: uint64(count), Staged: staged, Direct: direct}.Fingerprint()
+}
+
+// earlyTrigger reports whether a launch of kernel over blocks blocks carries
+// ptx.FlagEarlyTrigger: at any grid where the kernel triggers early only after its entry
+// barrier (ptx.EarlyTriggerAnyGrid), else within the room of ptx.EarlyTriggerRoom. Every rank
+// computes the same answer for the same call.
+func (c *Comm) earlyTrigger(kernel ptx.Algorithm, blocks int) bool {
+	return blocks <= c.earlyRoom || c.earlyAnyGrid && ptx.EarlyTriggerAnyGrid(kernel)
 }
 
 // launch starts fn on stream with the packed arguments (with PDL where the communicator uses

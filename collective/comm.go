@@ -35,10 +35,14 @@ type Comm struct {
 	scope      ptx.Scope // of the release/acquire barriers: ScopeGPU when every rank is on this GPU
 	pdl        bool      // launch with programmatic dependent launch
 	earlyRoom  int       // the largest grid that may trigger its dependents early (ptx.EarlyTriggerRoom)
-	blocks     int       // block limit of OneShot and TwoShot
-	pushBlocks int       // block count of every Push launch
-	allLocal   bool      // every rank lives in this process
-	sharedGPU  bool      // some ranks of this process share a GPU (virtual ranks)
+	// earlyAnyGrid lets the kernels that trigger early only after their entry barrier do it at
+	// any grid size (ptx.EarlyTriggerAnyGrid); always set, cleared by benchmarks that measure
+	// the room rule alone
+	earlyAnyGrid bool
+	blocks       int  // block limit of OneShot and TwoShot
+	pushBlocks   int  // block count of every Push launch
+	allLocal     bool // every rank lives in this process
+	sharedGPU    bool // some ranks of this process share a GPU (virtual ranks)
 	// blocksPerSM is the least occupancy of the plain kernels over the ranks, and ranksOnGPU
 	// the most ranks on one GPU: what the grids were capped with (blockCap).
 	blocksPerSM, ranksOnGPU int
@@ -458,9 +462,10 @@ func (c *Comm) initCustom(ctx context.Context, infos []rankInfo, fd int) error {
 	c.adoptTuning(infos, smsOnGPU, blocksPerSM, maxOnGPU)
 	// PDL lets the next kernel launch before this one has finished: by default once this one
 	// is past its last wait on a peer, which is safe however the ranks share GPUs; earlier
-	// for the grids that earlyRoom allows (ptx.FlagEarlyTrigger).
+	// (ptx.FlagEarlyTrigger) where earlyTrigger allows.
 	c.pdl = c.major >= 9 && !c.opts.DisablePDL && driver.Has(driver.FeatureLaunchEx)
 	c.earlyRoom = ptx.EarlyTriggerRoom(max(c.blocks, c.pushBlocks, c.tuning.table.largestGrid()), smsOnGPU*blocksPerSM, maxOnGPU)
+	c.earlyAnyGrid = true
 	c.timeout = c.opts.timeoutNanos()
 
 	t := time.Now()

@@ -339,6 +339,56 @@ func BenchmarkAllReduceGrid(b *testing.B) {
 	}
 }
 
+// BenchmarkEarlyTrigger measures the rules for ptx.FlagEarlyTrigger where ranks share one
+// GPU, in the fork/join harness: collective's ("rule": every grid of the kernels that trigger
+// after their entry barrier, ptx.EarlyTriggerAnyGrid, and push's within
+// ptx.EarlyTriggerRoom), the room alone for every kernel ("room"), and every grid carrying
+// the flag ("always"). The last is safe in this harness alone, where a layer's kernels launch
+// only once every kernel of the layer before has let them, so every block of it is resident;
+// elsewhere it may deadlock push. Compare it with
+// BenchmarkGraphForkJoinFloor/fork-rank0-pdl-early of the same run.
+func BenchmarkEarlyTrigger(b *testing.B) {
+	requireGPU(b)
+	variants := []struct {
+		name           string
+		algo           collective.Algorithm
+		registerOutput bool
+	}{{"oneshot", collective.OneShot, false}, {"twoshot-direct", collective.TwoShot, true}, {"push", collective.Push, false}}
+	rules := []struct {
+		name    string
+		room    int // -1: collective's
+		anyGrid bool
+	}{{"rule", -1, true}, {"room", -1, false}, {"always", ptx.MaxBlocks, true}}
+	for _, ws := range []int{2, 4, 8} {
+		for _, nbytes := range []int{16 << 10, 256 << 10, 1 << 20} {
+			for _, v := range variants {
+				if v.algo == collective.Push && nbytes > 256<<10 {
+					continue
+				}
+				for _, scope := range []string{"gpu", "sys"} {
+					for _, rule := range rules {
+						// push triggers early within the room under either rule
+						if v.algo == collective.Push && rule.name == "room" {
+							continue
+						}
+						b.Run(fmt.Sprintf("ws%d/%s/%s/%s/%s", ws, sizeName(nbytes), v.name, scope, rule.name), func(b *testing.B) {
+							opts := collective.Options{Algorithm: v.algo, MaxBytes: int64(nbytes), PushMaxBytes: int64(nbytes),
+								SystemScope: scope != "gpu", Timeout: 50 * time.Millisecond}
+							benchForkJoinRule(b, ws, opts, nbytes, v.registerOutput, false, func(c *collective.Comm) {
+								room := rule.room
+								if room < 0 {
+									room = collective.EarlyRoom(c)
+								}
+								collective.SetEarlyTrigger(c, room, rule.anyGrid)
+							})
+						})
+					}
+				}
+			}
+		}
+	}
+}
+
 func sizeName(n int) string {
 	if n >= 1<<20 {
 		return fmt.Sprintf("%dM", n>>20)
@@ -349,7 +399,19 @@ func sizeName(n int) string {
 // benchForkJoin measures one all-reduce a layer of the fork/join harness, out of place (the
 // input registered, the output too with registerOutput) or in place over the registered input.
 func benchForkJoin(b *testing.B, ws int, opts collective.Options, nbytes int, registerOutput, inPlace bool) {
+	benchForkJoinRule(b, ws, opts, nbytes, registerOutput, inPlace, nil)
+}
+
+// benchForkJoinRule is benchForkJoin with rule (if not nil) applied to every rank's
+// communicator before its first call: collective.SetEarlyTrigger.
+func benchForkJoinRule(b *testing.B, ws int, opts collective.Options, nbytes int, registerOutput, inPlace bool, rule func(*collective.Comm)) {
 	g := newGroup(b, virtualRanks(ws), opts, uint64(nbytes))
+	if rule != nil {
+		for _, rb := range g.ranks {
+			rule(rb.comm)
+		}
+		b.ReportMetric(float64(collective.EarlyRoom(g.ranks[0].comm)), "room")
+	}
 	g.parallel(func(rb *rankBufs) error {
 		if _, err := rb.comm.Register(context.Background(), rb.in, rb.capacity); err != nil || !registerOutput {
 			return err

@@ -178,7 +178,7 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 	ws8 := 8 * c.size
 	p := fusedParams{inputs: inputs, residOuts: residOuts, normOuts: normOuts, a: &a, hvec: hvec,
 		rank: c.rank, errRec: c.errRec.DevicePtr(), timeout: c.timeout, sig: c.sig[:ws8], buf: c.tmp[:ws8],
-		flags: c.fusedFlags(blocks, a.NoNorm), call: c.fusedCall(kernel, a, residOuts != 0)}
+		flags: c.fusedFlags(kernel, blocks, a.NoNorm), call: c.fusedCall(kernel, a, residOuts != 0)}
 	p.pack(&c.args)
 	return c.launch(stream, fn, blocks, threads, &c.args)
 }
@@ -264,10 +264,10 @@ func (p *fusedParams) pack(args *driver.Args) {
 	args.U64(p.call)
 }
 
-// fusedFlags are the p_flags of a fused launch of blocks blocks.
-func (c *Comm) fusedFlags(blocks int, noNorm bool) uint32 {
+// fusedFlags are the p_flags of a fused launch of kernel over blocks blocks.
+func (c *Comm) fusedFlags(kernel ptx.Algorithm, blocks int, noNorm bool) uint32 {
 	var flags uint32
-	if blocks <= c.earlyRoom {
+	if c.earlyTrigger(kernel, blocks) {
 		flags |= ptx.FlagEarlyTrigger
 	}
 	if noNorm {

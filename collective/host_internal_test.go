@@ -120,6 +120,14 @@ func TestBarrierScope(t *testing.T) {
 			if wantPDL := c.major >= 9 && driver.Has(driver.FeatureLaunchEx); c.pdl != wantPDL {
 				t.Errorf("%s: rank %d on sm_%d0: PDL %v, want %v", name, c.rank, c.major, c.pdl, wantPDL)
 			}
+			// ranks sharing the GPU: the pull kernels trigger early at their whole grid, push
+			// within the room (ptx.EarlyTriggerAnyGrid, ptx.EarlyTriggerRoom)
+			if !c.earlyTrigger(ptx.OneShot, c.blocks) || !c.earlyTrigger(ptx.TwoShot, c.blocks) {
+				t.Errorf("%s: rank %d: the pull kernels' grid of %d blocks does not trigger early", name, c.rank, c.blocks)
+			}
+			if got, want := c.earlyTrigger(ptx.Push, c.pushBlocks), c.pushBlocks <= c.earlyRoom; got != want {
+				t.Errorf("%s: rank %d: push's %d blocks trigger early: %v, want %v (room %d)", name, c.rank, c.pushBlocks, got, want, c.earlyRoom)
+			}
 			// the barrier kernels follow the scope; push has no barrier and one kernel for all
 			for algo, scope := range map[ptx.Algorithm]ptx.Scope{ptx.OneShot: o.want, ptx.TwoShot: o.want, ptx.Push: ptx.ScopeSystem} {
 				spec := ptx.Spec{Algo: algo, DType: dtype.BFloat16, WorldSize: 3, Scope: scope}
@@ -132,6 +140,24 @@ func TestBarrierScope(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestEarlyTrigger: which launches carry ptx.FlagEarlyTrigger where ranks share a GPU: the
+// kernels that trigger after their entry barrier at any grid, push within the room alone; with
+// the room rule alone (as benchmarks set it), every kernel within the room.
+func TestEarlyTrigger(t *testing.T) {
+	c := &Comm{earlyRoom: 16, earlyAnyGrid: true}
+	for _, k := range []ptx.Algorithm{ptx.OneShot, ptx.TwoShot, ptx.Columns} {
+		assert.True(t, c.earlyTrigger(k, ptx.MaxBlocks), k.String())
+		assert.True(t, c.earlyTrigger(k, 1), k.String())
+	}
+	assert.True(t, c.earlyTrigger(ptx.Push, 16))
+	assert.False(t, c.earlyTrigger(ptx.Push, 17))
+	c.earlyAnyGrid = false
+	assert.True(t, c.earlyTrigger(ptx.OneShot, 16))
+	assert.False(t, c.earlyTrigger(ptx.OneShot, 17))
+	c.earlyRoom = 0
+	assert.False(t, c.earlyTrigger(ptx.TwoShot, 1))
 }
 
 // TestBarrierScopeChoice: the scope the ranks' facts and options give, without a GPU.

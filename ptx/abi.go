@@ -140,10 +140,11 @@ const (
 	// FlagEarlyTrigger lets a kernel launched with PDL (sm_90) allow the next kernel of its
 	// stream to launch before its last wait on a peer: one-shot before its exit barrier, the
 	// direct two-shot before its delivered barrier, push after its sends. The next kernel's
-	// blocks then wait, in griddepcontrol.wait, next to this kernel's, so the host sets the
-	// flag only where both grids of every rank on the GPU fit at once (with one rank per GPU,
-	// always). Without it a kernel triggers only after its last wait on a peer (two-shot
-	// through tmp, after the middle barrier) or when it exits.
+	// blocks then wait, in griddepcontrol.wait, next to this kernel's; where ranks share a GPU
+	// the host sets the flag only where that cannot keep a peer's blocks off the GPU
+	// (EarlyTriggerAnyGrid, EarlyTriggerRoom; with one rank per GPU, always). Without it a
+	// kernel triggers only after its last wait on a peer (two-shot through tmp, after the
+	// middle barrier) or when it exits.
 	FlagEarlyTrigger = 1
 	// FlagStageInput makes the one-shot kernel copy this rank's input, whose address it gets
 	// in p_outputs (which one-shot has no other use for), into the buffer that its own entry
@@ -157,15 +158,29 @@ const (
 	FlagStageInput = 4
 )
 
-// EarlyTriggerRoom is the host's rule for FlagEarlyTrigger: the largest grid that may carry
-// it when ranksOnGPU ranks share a GPU that holds slots resident blocks (SMs times blocks per
-// SM at ThreadsPerBlock), and each rank's grids, at most maxBlocks, are capped to its share,
-// slots/ranksOnGPU. A rank has at most two of its grids on the GPU at once: the one running
-// and the next, launched by the first's trigger; the next triggers only after its
-// griddepcontrol.wait, so the one after that launches once the first is complete. A flagged
-// grid next to any grid of the rank then stays within the rank's share, and every block
-// that a waiting block waits for can become resident. With one rank per GPU the next kernel
-// waits only for this one, so every grid (up to MaxBlocks) may carry the flag. A result
+// EarlyTriggerAnyGrid reports whether kernel may carry FlagEarlyTrigger at any grid size
+// where ranks share a GPU: every kernel but Push. Their early trigger follows their entry
+// barrier, where block b waits until block b of every rank has arrived, and the next kernel
+// launches only once every block has triggered: by then every block of every rank's same
+// call is on the GPU, and those blocks finish without needing another slot (their last wait
+// is on blocks that are already there). Push triggers right after its sends, before it has
+// seen any peer, so its peers' blocks may still need the slots that its next kernel takes:
+// it carries the flag within EarlyTriggerRoom only. internal/protomodel's residency model
+// checks both rules.
+func EarlyTriggerAnyGrid(kernel Algorithm) bool {
+	return kernel != Push
+}
+
+// EarlyTriggerRoom is the host's rule for FlagEarlyTrigger on a kernel whose early trigger
+// precedes its waits on peers (Push; EarlyTriggerAnyGrid covers the others): the largest grid
+// that may carry it when ranksOnGPU ranks share a GPU that holds slots resident blocks (SMs
+// times blocks per SM at ThreadsPerBlock), and each rank's grids, at most maxBlocks, are
+// capped to its share, slots/ranksOnGPU. A rank has at most two of its grids on the GPU at
+// once: the one running and the next, launched by the first's trigger; the next triggers only
+// after its griddepcontrol.wait, so the one after that launches once the first is complete. A
+// flagged grid next to any grid of the rank then stays within the rank's share, and every
+// block that a waiting block waits for can become resident. With one rank per GPU the next
+// kernel waits only for this one, so every grid (up to MaxBlocks) may carry the flag. A result
 // below 1 means none may. internal/protomodel's residency model checks the rule.
 func EarlyTriggerRoom(maxBlocks, slots, ranksOnGPU int) int {
 	if ranksOnGPU <= 1 {

@@ -1,9 +1,11 @@
 package ptx
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestEarlyTriggerRoom(t *testing.T) {
@@ -23,5 +25,51 @@ func TestEarlyTriggerRoom(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestEarlyTriggerAnyGrid checks what EarlyTriggerAnyGrid rests on, in the text of every
+// kernel for sm_90: the kernels it names trigger only after their entry barrier (every block
+// of every rank's same call is then resident), and push triggers before it waits on any peer
+// (it has no barrier), which is why it keeps EarlyTriggerRoom's limit.
+func TestEarlyTriggerAnyGrid(t *testing.T) {
+	for _, a := range []Algorithm{OneShot, TwoShot, Columns} {
+		assert.True(t, EarlyTriggerAnyGrid(a), a.String())
+	}
+	assert.False(t, EarlyTriggerAnyGrid(Push))
+	type kernel struct {
+		name string
+		algo Algorithm
+		src  []byte
+	}
+	var kernels []kernel
+	for _, s := range allSpecs() {
+		if s.Target == SM90 {
+			kernels = append(kernels, kernel{variantName(s), s.Algo, generate(t, s)})
+		}
+	}
+	for _, s := range allFusedSpecs() {
+		if s.Target == SM90 {
+			kernels = append(kernels, kernel{s.EntryName(), s.Algo, mustGenerate(t, s.Generate)})
+		}
+	}
+	for _, k := range kernels {
+		entry, trigger := -1, -1
+		for i, line := range strings.Split(string(k.src), "\n") {
+			if entry < 0 && strings.Contains(line, "==== entry barrier") {
+				entry = i
+			}
+			instr, _, _ := strings.Cut(line, "//")
+			if trigger < 0 && strings.Contains(instr, "griddepcontrol.launch_dependents;") {
+				trigger = i
+			}
+		}
+		require.GreaterOrEqual(t, trigger, 0, "%s: no PDL trigger", k.name)
+		if k.algo == Push {
+			assert.Less(t, entry, 0, "%s: push has no entry barrier", k.name)
+			continue
+		}
+		require.GreaterOrEqual(t, entry, 0, "%s: no entry barrier", k.name)
+		assert.Greater(t, trigger, entry, "%s: the first PDL trigger (line %d) must follow the entry barrier (line %d)", k.name, trigger+1, entry+1)
 	}
 }
