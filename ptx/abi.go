@@ -163,10 +163,11 @@ const (
 // barrier, where block b waits until block b of every rank has arrived, and the next kernel
 // launches only once every block has triggered: by then every block of every rank's same
 // call is on the GPU, and those blocks finish without needing another slot (their last wait
-// is on blocks that are already there). Push triggers right after its sends, before it has
-// seen any peer, so its peers' blocks may still need the slots that its next kernel takes:
-// it carries the flag within EarlyTriggerRoom only. internal/protomodel's residency model
-// checks both rules.
+// is on blocks that are already there). Push's flagged trigger comes right after its sends,
+// before it has seen any peer, so its peers' blocks may still need the slots that its next
+// kernel takes: it carries the flag within EarlyTriggerRoom only (without it, push triggers
+// once a thread's first vector has arrived from every rank, at any grid: docs/kernel-abi.md,
+// "PDL"). internal/protomodel's residency model checks both rules.
 func EarlyTriggerAnyGrid(kernel Algorithm) bool {
 	return kernel != Push
 }

@@ -30,31 +30,33 @@ func TestEarlyTriggerRoom(t *testing.T) {
 
 // TestEarlyTriggerAnyGrid checks what EarlyTriggerAnyGrid rests on, in the text of every
 // kernel for sm_90: the kernels it names trigger only after their entry barrier (every block
-// of every rank's same call is then resident), and push triggers before it waits on any peer
-// (it has no barrier), which is why it keeps EarlyTriggerRoom's limit.
+// of every rank's same call is then resident), and push's FlagEarlyTrigger comes before it
+// waits on any peer (it has no barrier), which is why it keeps EarlyTriggerRoom's limit; its
+// unflagged trigger comes after a thread's first vector has arrived from every rank.
 func TestEarlyTriggerAnyGrid(t *testing.T) {
 	for _, a := range []Algorithm{OneShot, TwoShot, Columns} {
 		assert.True(t, EarlyTriggerAnyGrid(a), a.String())
 	}
 	assert.False(t, EarlyTriggerAnyGrid(Push))
 	type kernel struct {
-		name string
-		algo Algorithm
-		src  []byte
+		name  string
+		algo  Algorithm
+		src   []byte
+		fused bool
 	}
 	var kernels []kernel
 	for _, s := range allSpecs() {
 		if s.Target == SM90 {
-			kernels = append(kernels, kernel{variantName(s), s.Algo, generate(t, s)})
+			kernels = append(kernels, kernel{variantName(s), s.Algo, generate(t, s), false})
 		}
 	}
 	for _, s := range allFusedSpecs() {
 		if s.Target == SM90 {
-			kernels = append(kernels, kernel{s.EntryName(), s.Algo, mustGenerate(t, s.Generate)})
+			kernels = append(kernels, kernel{s.EntryName(), s.Algo, mustGenerate(t, s.Generate), true})
 		}
 	}
 	for _, k := range kernels {
-		entry, trigger := -1, -1
+		entry, trigger, arrived, received := -1, -1, -1, -1
 		for i, line := range strings.Split(string(k.src), "\n") {
 			if entry < 0 && strings.Contains(line, "==== entry barrier") {
 				entry = i
@@ -63,10 +65,20 @@ func TestEarlyTriggerAnyGrid(t *testing.T) {
 			if trigger < 0 && strings.Contains(instr, "griddepcontrol.launch_dependents;") {
 				trigger = i
 			}
+			if arrived < 0 && strings.HasPrefix(instr, "ARRIVED:") {
+				arrived = i
+			}
+			if strings.Contains(instr, "@%untriggered griddepcontrol.launch_dependents;") {
+				received = i
+			}
 		}
 		require.GreaterOrEqual(t, trigger, 0, "%s: no PDL trigger", k.name)
 		if k.algo == Push {
 			assert.Less(t, entry, 0, "%s: push has no entry barrier", k.name)
+			if !k.fused {
+				require.GreaterOrEqual(t, arrived, 0, "%s: no receive", k.name)
+				assert.Greater(t, received, arrived, "%s: push's receive trigger (line %d) must follow its first receive's wait (line %d)", k.name, received+1, arrived+1)
+			}
 			continue
 		}
 		require.GreaterOrEqual(t, entry, 0, "%s: no entry barrier", k.name)

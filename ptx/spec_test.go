@@ -142,19 +142,24 @@ func TestGenerate(t *testing.T) {
 		assert.Equal(t, 1, strings.Count(instr, ".entry "), name)
 		// PDL only where the ISA has it. Every kernel has one trigger that FlagEarlyTrigger
 		// guards (before its last wait on a peer); two-shot has one more, after its middle
-		// barrier, that it does not need to guard.
+		// barrier, that it does not need to guard, and push one after a thread's first
+		// receive, once a thread.
 		pdl := s.Target == SM90
 		assert.Equal(t, pdl, has(instr, "griddepcontrol.wait;"), name)
 		assert.Equal(t, pdl, has(instr, "ld.param.u32 %t0, [p_flags];"), name)
-		guarded, unguarded := 0, 0
+		guarded, unguarded, received := 0, 0, 0
 		if pdl {
 			guarded = 1
-			if s.Algo == TwoShot {
+			switch s.Algo {
+			case TwoShot:
 				unguarded = 1
+			case Push:
+				received = 1
 			}
 		}
 		assert.Equal(t, guarded, strings.Count(instr, "@%early griddepcontrol.launch_dependents;"), name)
 		assert.Equal(t, unguarded, strings.Count(instr, "\tgriddepcontrol.launch_dependents;"), name)
+		assert.Equal(t, received, strings.Count(instr, "@%untriggered griddepcontrol.launch_dependents;"), name)
 	}
 }
 
