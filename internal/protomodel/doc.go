@@ -111,12 +111,15 @@
 // PDL once its every block triggered, early or past its last wait on peers) and
 // each block's way through griddepcontrol.wait, its waits on peers and its
 // exit, with a random enabled step at a time. Each call is of a kind: SendFirst
-// (push) triggers early before any wait on a peer; EntryFirst (one-shot, direct
-// two-shot, the fused kernels) after its entry barrier, then waits on its peers
-// again at its exit barrier. ptx.EarlyTriggerRoom's rule must never deadlock,
-// nor EarlyAfterEntry (every EntryFirst grid early, SendFirst ones within the
-// room), nor EarlyAlways with every call EntryFirst; EarlyAlways with SendFirst
-// calls, and a room one block larger than the rule's, must.
+// (push with its early flag) triggers early before any wait on a peer;
+// EntryFirst (one-shot, direct two-shot, the fused kernels, and push without the
+// flag, whose first receive is its entry barrier) after its entry barrier, then
+// waits on its peers again at its exit barrier; an EntryFirst call's last blocks
+// may be idle (no data: they wait for no peer and trigger only by exiting).
+// ptx.EarlyTriggerRoom's rule must never deadlock, nor EarlyAfterEntry (every
+// EntryFirst grid early, SendFirst ones within the room), nor EarlyAlways with
+// every call EntryFirst, idle blocks or not; EarlyAlways with SendFirst calls,
+// and a room one block larger than the rule's, must.
 //
 // Failures are errors: ErrEarlyPass, ErrWrongSum, ErrStaleRead, and a
 // *DeadlockError (errors.Is ErrDeadlock) from a progress watchdog that stops a

@@ -54,7 +54,11 @@ const (
 	SendFirst KernelKind = iota
 	// EntryFirst is one-shot, direct two-shot and the fused kernels: they trigger early after
 	// their entry barrier (block b of every rank has arrived, so is resident), then wait on
-	// their peers again at the exit barrier.
+	// their peers again at the exit barrier. The push kernel without the early flag is one
+	// too: it triggers once a thread's first vector has arrived from every rank, which came
+	// from block b of every rank (every rank splits the message alike), and its later
+	// receives are the exit wait; when the message is smaller than its grid, its last blocks
+	// have no vector and wait for no peer (ResidencyConfig.Idle).
 	EntryFirst
 )
 
@@ -79,6 +83,13 @@ type ResidencyConfig struct {
 	// Kinds is the kernel kind of every call, parallel to Grids; the calls past its end
 	// (all of them when it is nil) are SendFirst, the kind the model had before EntryFirst.
 	Kinds []KernelKind
+	// Idle is the number of idle blocks of every call, parallel to Grids; the calls past its
+	// end (all of them when it is nil) have none. Call k's idle blocks are its last ones,
+	// Grids[k]-Idle[k] to Grids[k]-1, on every rank alike (the same call has the same shape
+	// everywhere): they wait for no peer, so they pass griddepcontrol.wait and exit, and
+	// trigger only by exiting, whatever the rule. Only EntryFirst calls have them, and block
+	// 0 never is one (the kernels always give it work): 0 <= Idle[k] <= Grids[k]-1.
+	Idle []int
 	// PDL launches every kernel with programmatic stream serialization.
 	PDL bool
 	// Rule and Room decide which grids trigger early: with EarlyWhereRoom, those of at most
@@ -98,12 +109,18 @@ type ResidencyStats struct {
 	// call k-1 had not yet passed its last wait on a peer: only an early trigger of call k-1
 	// allows that, so tests can tell which calls' early triggers a run exercised.
 	EarlyOverlaps []int
+	// IdleLags counts the blocks placed while another rank still had an idle block of an
+	// earlier call not resident: a rank that moved on then competes for slots with a lagging
+	// rank's idle block, which nothing waits for but which needs a slot to exit, and which
+	// its own rank's next kernel waits for before it can launch.
+	IdleLags int
 }
 
 // Stages of one block in the residency model, in order: a block only moves forward, and a
 // wait on peers compares their stages with one of these. A SendFirst block goes from
 // stageAtPeer straight to stagePastPeer (its waits on peers folded into one); an EntryFirst
-// block passes stageEntered between its entry and its exit barrier.
+// block passes stageEntered between its entry and its exit barrier; an idle block goes from
+// stageWaitPrev straight to stagePastPeer, and triggers only at stageDone.
 const (
 	stagePending  = iota // launched or not, not on the GPU
 	stageWaitPrev        // resident, in griddepcontrol.wait
@@ -135,7 +152,8 @@ type residency struct {
 // SendFirst block, whose early trigger is just past griddepcontrol.wait (the earliest any
 // kernel triggers), folds its waits on peers into that one; an EntryFirst block calls it the
 // entry barrier, triggers early past it, and waits again at the exit barrier until the same
-// block of every rank is past the entry barrier. Then the block exits, some steps later. Every
+// block of every rank is past the entry barrier. An idle block (ResidencyConfig.Idle) waits
+// for no peer and triggers only by exiting. Then the block exits, some steps later. Every
 // step takes one enabled transition at random, hosts queuing calls included, so one rank can
 // run ahead while another's host lags. A run ends when every block has exited, or with an
 // error wrapping ErrDeadlock when blocks are left and no transition is enabled (the error
@@ -160,7 +178,18 @@ func Residency(cfg ResidencyConfig) (ResidencyStats, error) {
 			return ResidencyStats{}, fmt.Errorf("protomodel: call %d has kind %v: want SendFirst or EntryFirst", k, kind)
 		}
 	}
+	if len(cfg.Idle) > len(cfg.Grids) {
+		return ResidencyStats{}, fmt.Errorf("protomodel: idle blocks for %d calls, %d calls: want at most one count a call", len(cfg.Idle), len(cfg.Grids))
+	}
 	m := &residency{cfg: cfg, issued: make([]int, cfg.Ranks), live: make([]int, cfg.Ranks)}
+	for k, n := range cfg.Idle {
+		switch {
+		case n < 0 || n > cfg.Grids[k]-1:
+			return ResidencyStats{}, fmt.Errorf("protomodel: call %d has %d idle blocks of %d: want 0 to %d (block 0 always has work)", k, n, cfg.Grids[k], cfg.Grids[k]-1)
+		case n > 0 && m.kind(k) != EntryFirst:
+			return ResidencyStats{}, fmt.Errorf("protomodel: call %d has %d idle blocks but is %v: only EntryFirst calls have idle blocks (the push kernel has them without its early flag, when it triggers after its first receive)", k, n, m.kind(k))
+		}
+	}
 	m.stats.EarlyOverlaps = make([]int, len(cfg.Grids))
 	for range cfg.Ranks {
 		m.launched = append(m.launched, make([]bool, len(cfg.Grids)))
@@ -192,6 +221,11 @@ func (m *residency) kind(k int) KernelKind {
 	return SendFirst
 }
 
+// idle says whether block b of call k is idle: one of its last Idle[k] blocks.
+func (m *residency) idle(k, b int) bool {
+	return k < len(m.cfg.Idle) && b >= m.cfg.Grids[k]-m.cfg.Idle[k]
+}
+
 // early says whether call k's grid triggers its dependents early.
 func (m *residency) early(k int) bool {
 	switch m.cfg.Rule {
@@ -205,7 +239,8 @@ func (m *residency) early(k int) bool {
 	return false
 }
 
-// triggerStage is the stage from which a block of call k has let its dependents launch.
+// triggerStage is the stage from which a block of call k that is not idle has let its
+// dependents launch (an idle block lets them launch only by exiting: triggered).
 func (m *residency) triggerStage(k int) uint8 {
 	switch {
 	case !m.early(k):
@@ -226,22 +261,44 @@ func (m *residency) exited(r, k int) bool {
 	return true
 }
 
-// triggered says whether every block of rank r's call k has let its dependents launch.
+// triggered says whether every block of rank r's call k has let its dependents launch. An
+// idle block has only when it has exited, whatever the rule: a grid's dependents launch once
+// each of its blocks has triggered or completed, and an idle block reaches no trigger (its
+// kind's early trigger sits after a receive it does not make).
 func (m *residency) triggered(r, k int) bool {
 	at := m.triggerStage(k)
-	for _, s := range m.stage[r][k] {
-		if s < at {
+	for b, s := range m.stage[r][k] {
+		if s < at || s < stageDone && m.idle(k, b) {
 			return false
 		}
 	}
 	return true
 }
 
-// waiting says whether a block of rank r's call k has not yet passed its last wait on a peer.
+// waiting says whether a block of rank r's call k has not yet passed its last wait on a peer
+// (idle blocks wait on none).
 func (m *residency) waiting(r, k int) bool {
-	for _, s := range m.stage[r][k] {
-		if s < stagePastPeer {
+	for b, s := range m.stage[r][k] {
+		if s < stagePastPeer && !m.idle(k, b) {
 			return true
+		}
+	}
+	return false
+}
+
+// idleLag says whether a rank other than r has an idle block of a call before k not yet
+// resident (for ResidencyStats.IdleLags).
+func (m *residency) idleLag(r, k int) bool {
+	for p := range m.cfg.Ranks {
+		if p == r {
+			continue
+		}
+		for j := m.live[p]; j < k && j < len(m.cfg.Idle); j++ {
+			for b := m.cfg.Grids[j] - m.cfg.Idle[j]; b < m.cfg.Grids[j]; b++ {
+				if m.stage[p][j][b] == stagePending {
+					return true
+				}
+			}
 		}
 	}
 	return false
@@ -297,6 +354,12 @@ func (m *residency) moves(buf []move) []move {
 				switch {
 				case s == stagePending && m.used < m.cfg.Slots:
 					to = stageWaitPrev
+				case s == stageWaitPrev && prevExited && m.idle(k, b):
+					// An idle block waits for no peer: past griddepcontrol.wait it
+					// is past every wait. Block b is idle on every rank alike, and
+					// peersAt only compares block b of every rank, so no block that is
+					// not idle ever waits on an idle one.
+					to = stagePastPeer
 				case s == stageWaitPrev && prevExited:
 					to = stageAtPeer
 				case s == stageAtPeer && m.kind(k) == EntryFirst && m.peersAt(k, b, stageAtPeer):
@@ -338,6 +401,9 @@ func (m *residency) take(mv move) {
 			}
 			if k > 0 && m.waiting(r, k-1) {
 				m.stats.EarlyOverlaps[k]++
+			}
+			if m.idleLag(r, k) {
+				m.stats.IdleLags++
 			}
 		case stageDone:
 			m.used--
@@ -385,7 +451,10 @@ func (m *residency) deadlock() error {
 				}
 			}
 			call := fmt.Sprintf("rank %d call %d", r, k)
-			if m.cfg.Kinds != nil {
+			switch {
+			case k < len(m.cfg.Idle) && m.cfg.Idle[k] > 0:
+				call += fmt.Sprintf(" (%v, %d idle)", m.kind(k), m.cfg.Idle[k])
+			case m.cfg.Kinds != nil:
 				call += fmt.Sprintf(" (%v)", m.kind(k))
 			}
 			if resident > 0 {

@@ -33,25 +33,50 @@ func residencyCases() []ResidencyConfig {
 	return cases
 }
 
-// residencyKinds are the kind mixes every case runs with: nil (every call SendFirst, as
-// before kinds), every call EntryFirst, and each call's kind at random, the slice sometimes a
-// call short (that call SendFirst). The draws are the same on every run of the tests.
-func residencyKinds(calls int, rng *rand.Rand) []struct {
+// residencyMix is a case's calls' kinds and idle blocks (ResidencyConfig.Kinds and Idle).
+type residencyMix struct {
 	name  string
 	kinds []KernelKind
-} {
-	entry := make([]KernelKind, calls)
+	idle  []int
+}
+
+// residencyKinds are the kind mixes every case of grids runs with: nil (every call SendFirst,
+// as before kinds), every call EntryFirst, and each call's kind at random, the slice sometimes
+// a call short (that call SendFirst); the last two again with idle blocks (residencyIdle). The
+// draws are the same on every run of the tests.
+func residencyKinds(grids []int, rng *rand.Rand) []residencyMix {
+	entry := make([]KernelKind, len(grids))
 	for k := range entry {
 		entry[k] = EntryFirst
 	}
-	mixed := make([]KernelKind, calls-rng.IntN(2))
+	mixed := make([]KernelKind, len(grids)-rng.IntN(2))
 	for k := range mixed {
 		mixed[k] = KernelKind(rng.IntN(2))
 	}
-	return []struct {
-		name  string
-		kinds []KernelKind
-	}{{"send first", nil}, {"entry first", entry}, {"mixed", mixed}}
+	return []residencyMix{{"send first", nil, nil}, {"entry first", entry, nil}, {"mixed", mixed, nil},
+		{"entry first, idle", entry, residencyIdle(grids, entry, rng)},
+		{"mixed, idle", mixed, residencyIdle(grids, mixed, rng)}}
+}
+
+// residencyIdle draws idle blocks for calls of grids and kinds: every other EntryFirst call
+// or so has 0 to all but one of its blocks idle, as a message smaller than the grid leaves
+// them; SendFirst calls have none.
+func residencyIdle(grids []int, kinds []KernelKind, rng *rand.Rand) []int {
+	idle := make([]int, len(kinds))
+	for k, kind := range kinds {
+		if kind == EntryFirst && rng.IntN(2) == 0 {
+			idle[k] = rng.IntN(grids[k])
+		}
+	}
+	return idle
+}
+
+// idleOf is call k's idle block count in c, 0 past the end of c.Idle.
+func idleOf(c ResidencyConfig, k int) int {
+	if k < len(c.Idle) {
+		return c.Idle[k]
+	}
+	return 0
 }
 
 // kindOf is call k's kind in c, SendFirst past the end of c.Kinds.
@@ -81,16 +106,17 @@ func mayTriggerEarly(c ResidencyConfig, k int) bool {
 
 // TestResidencyRule checks ptx.EarlyTriggerRoom and EarlyAfterEntry: with PDL and the early
 // trigger where either rule allows it (and with the late trigger only, and without PDL), no
-// schedule deadlocks, whatever the calls' kinds; the runs did put a rank's next kernel on the
-// GPU beside its previous one, and those with early triggers beside one still waiting on a
-// peer, EarlyAfterEntry's also beside EntryFirst grids larger than the room, which the room
-// rule alone would not let trigger early.
+// schedule deadlocks, whatever the calls' kinds and idle blocks; the runs did put a rank's
+// next kernel on the GPU beside its previous one, and those with early triggers beside one
+// still waiting on a peer, EarlyAfterEntry's also beside EntryFirst grids larger than the
+// room, which the room rule alone would not let trigger early, and beside EntryFirst grids
+// with idle blocks, with a lagging rank's idle block still waiting for a slot.
 func TestResidencyRule(t *testing.T) {
-	overlaps, earlyOverlaps, entryOverlaps := 0, 0, 0
+	overlaps, earlyOverlaps, entryOverlaps, idleOverlaps, idleLags := 0, 0, 0, 0, 0
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, c := range residencyCases() {
-		for _, mix := range residencyKinds(len(c.Grids), rng) {
-			c.Kinds = mix.kinds
+		for _, mix := range residencyKinds(c.Grids, rng) {
+			c.Kinds, c.Idle = mix.kinds, mix.idle
 			for _, v := range []struct {
 				pdl  bool
 				rule TriggerRule
@@ -99,13 +125,16 @@ func TestResidencyRule(t *testing.T) {
 				for seed := range uint64(100) {
 					c.Seed = seed
 					st, err := Residency(c)
-					require.NoError(t, err, "ranks %d slots %d grids %v kinds %v room %d PDL %v rule %v, seed %d", c.Ranks, c.Slots, c.Grids, c.Kinds, c.Room, c.PDL, c.Rule, seed)
+					require.NoError(t, err, "ranks %d slots %d grids %v kinds %v idle %v room %d PDL %v rule %v, seed %d", c.Ranks, c.Slots, c.Grids, c.Kinds, c.Idle, c.Room, c.PDL, c.Rule, seed)
 					if !c.PDL {
 						require.Zero(t, st.Overlaps, "without PDL a kernel starts after its predecessor exits")
 						continue
 					}
 					if c.Rule == LateOnly {
 						overlaps += st.Overlaps
+					}
+					if c.Rule == EarlyAfterEntry {
+						idleLags += st.IdleLags
 					}
 					for k, n := range st.EarlyOverlaps {
 						if n == 0 {
@@ -116,6 +145,9 @@ func TestResidencyRule(t *testing.T) {
 						if c.Rule == EarlyAfterEntry && kindOf(c, k-1) == EntryFirst && c.Grids[k-1] > c.Room {
 							entryOverlaps += n
 						}
+						if c.Rule == EarlyAfterEntry && idleOf(c, k-1) > 0 {
+							idleOverlaps += n
+						}
 					}
 				}
 			}
@@ -124,15 +156,19 @@ func TestResidencyRule(t *testing.T) {
 	assert.Positive(t, overlaps, "PDL runs placed a next kernel beside its predecessor")
 	assert.Positive(t, earlyOverlaps, "runs with early triggers placed a next kernel beside a predecessor still waiting")
 	assert.Positive(t, entryOverlaps, "EarlyAfterEntry runs placed a next kernel beside an EntryFirst predecessor larger than the room, still at its exit barrier")
+	assert.Positive(t, idleOverlaps, "EarlyAfterEntry runs placed a next kernel beside a predecessor with idle blocks, still at its exit barrier")
+	assert.Positive(t, idleLags, "EarlyAfterEntry runs placed blocks while another rank's idle block waited for a slot")
+	t.Logf("early overlaps %d (after EntryFirst grids over the room %d, after grids with idle blocks %d), idle lags %d", earlyOverlaps, entryOverlaps, idleOverlaps, idleLags)
 }
 
 // TestResidencyEntryFirstEarlyAlways checks the claim behind EarlyAfterEntry at its limit:
 // when every call is EntryFirst, every grid may trigger early, even in the case where
 // EarlyAlways deadlocks SendFirst calls (TestResidencyEarlyAlwaysDeadlocks's) and in every
-// shape of residencyCases, whatever the room; and the tight case did place a next kernel
-// beside a predecessor still at its exit barrier.
+// shape of residencyCases, whatever the room, with idle blocks or without; and the tight case
+// did place a next kernel beside a predecessor still at its exit barrier, with idle blocks
+// also beside one that has idle blocks, while a lagging rank's idle block waited for a slot.
 func TestResidencyEntryFirstEarlyAlways(t *testing.T) {
-	run := func(c ResidencyConfig, seeds uint64) (earlyOverlaps int) {
+	run := func(c ResidencyConfig, seeds uint64) (earlyOverlaps, idleOverlaps, idleLags int) {
 		c.PDL, c.Rule = true, EarlyAlways
 		c.Kinds = make([]KernelKind, len(c.Grids))
 		for k := range c.Kinds {
@@ -141,17 +177,60 @@ func TestResidencyEntryFirstEarlyAlways(t *testing.T) {
 		for seed := range seeds {
 			c.Seed = seed
 			st, err := Residency(c)
-			require.NoError(t, err, "ranks %d slots %d grids %v, every call EntryFirst and early, seed %d", c.Ranks, c.Slots, c.Grids, seed)
-			for _, n := range st.EarlyOverlaps {
+			require.NoError(t, err, "ranks %d slots %d grids %v idle %v, every call EntryFirst and early, seed %d", c.Ranks, c.Slots, c.Grids, c.Idle, seed)
+			for k, n := range st.EarlyOverlaps {
 				earlyOverlaps += n
+				if k > 0 && idleOf(c, k-1) > 0 {
+					idleOverlaps += n
+				}
 			}
+			idleLags += st.IdleLags
 		}
-		return earlyOverlaps
+		return earlyOverlaps, idleOverlaps, idleLags
 	}
 	tight := ResidencyConfig{Ranks: 3, Slots: 6, Grids: []int{2, 2, 2, 2, 2, 2}}
-	assert.Positive(t, run(tight, 2000), "the tight case placed a next kernel beside a predecessor at its exit barrier")
+	early, _, _ := run(tight, 2000)
+	assert.Positive(t, early, "the tight case placed a next kernel beside a predecessor at its exit barrier")
+	tight.Idle = []int{1, 0, 1, 1, 0, 1}
+	early, idle, lags := run(tight, 2000)
+	assert.Positive(t, early, "the tight case with idle blocks placed a next kernel beside a predecessor at its exit barrier")
+	assert.Positive(t, idle, "the tight case placed a next kernel beside a predecessor with idle blocks")
+	assert.Positive(t, lags, "the tight case placed blocks while another rank's idle block waited for a slot")
+	rng := rand.New(rand.NewPCG(7, 8))
 	for _, c := range residencyCases() {
 		run(c, 150)
+		c.Idle = residencyIdle(c.Grids, make([]KernelKind, len(c.Grids)), rng)
+		for k := range c.Idle {
+			c.Idle[k] = rng.IntN(c.Grids[k])
+		}
+		run(c, 150)
+	}
+}
+
+// TestResidencyIdleBlocks checks what idle blocks do: they wait for no peer (two ranks whose
+// grids of two blocks cannot all be resident at once finish when one block of each is idle,
+// and not otherwise), and they let the next kernel launch only by exiting, whatever the rule.
+func TestResidencyIdleBlocks(t *testing.T) {
+	c := ResidencyConfig{Ranks: 2, Slots: 2, Grids: []int{2, 2}, Kinds: []KernelKind{EntryFirst, EntryFirst}, Idle: []int{1, 1}}
+	for seed := range uint64(200) {
+		c.Seed = seed
+		_, err := Residency(c)
+		require.NoError(t, err, "seed %d", seed)
+	}
+	c.Idle = nil
+	_, err := Residency(c)
+	require.ErrorIs(t, err, ErrDeadlock, "four blocks that wait on each other in two slots")
+
+	for _, rule := range []TriggerRule{EarlyAlways, EarlyAfterEntry, LateOnly} {
+		m := &residency{cfg: ResidencyConfig{Ranks: 1, Slots: 2, Grids: []int{2, 1}, Kinds: []KernelKind{EntryFirst}, Idle: []int{1}, PDL: true, Rule: rule}}
+		m.stage = [][][]uint8{{{stagePastPeer, stagePastPeer}, {stagePending}}}
+		assert.False(t, m.triggered(0, 0), "rule %v: an idle block past its wait has not triggered", rule)
+		assert.False(t, m.waiting(0, 0), "rule %v: no block waits on a peer", rule)
+		m.stage[0][0][1] = stageDone
+		assert.True(t, m.triggered(0, 0), "rule %v: an idle block triggers by exiting", rule)
+		m.stage[0][0] = []uint8{stageEntered, stageDone}
+		assert.Equal(t, rule != LateOnly, m.triggered(0, 0), "rule %v: block 0 at its exit barrier", rule)
+		assert.True(t, m.waiting(0, 0), "rule %v: block 0 at its exit barrier waits on a peer", rule)
 	}
 }
 
@@ -249,6 +328,21 @@ func TestResidencyConfigErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "call 1 has kind KernelKind(2)")
 	_, err = Residency(ResidencyConfig{Ranks: 2, Slots: 4, Grids: []int{1}, Kinds: []KernelKind{-1}})
 	assert.ErrorContains(t, err, "call 0 has kind KernelKind(-1)")
+	entry := []KernelKind{EntryFirst, EntryFirst}
+	_, err = Residency(ResidencyConfig{Ranks: 2, Slots: 4, Grids: []int{2}, Kinds: entry[:1], Idle: []int{1, 0}})
+	assert.ErrorContains(t, err, "idle blocks for 2 calls, 1 calls")
+	_, err = Residency(ResidencyConfig{Ranks: 2, Slots: 4, Grids: []int{2, 2}, Kinds: entry, Idle: []int{0, 2}})
+	assert.ErrorContains(t, err, "call 1 has 2 idle blocks of 2: want 0 to 1")
+	_, err = Residency(ResidencyConfig{Ranks: 2, Slots: 4, Grids: []int{2, 2}, Kinds: entry, Idle: []int{-1}})
+	assert.ErrorContains(t, err, "call 0 has -1 idle blocks of 2")
+	_, err = Residency(ResidencyConfig{Ranks: 2, Slots: 4, Grids: []int{1}, Kinds: entry[:1], Idle: []int{1}})
+	assert.ErrorContains(t, err, "call 0 has 1 idle blocks of 1: want 0 to 0")
+	_, err = Residency(ResidencyConfig{Ranks: 2, Slots: 4, Grids: []int{2, 2}, Kinds: []KernelKind{EntryFirst, SendFirst}, Idle: []int{1, 1}})
+	assert.ErrorContains(t, err, "call 1 has 1 idle blocks but is send first")
+	_, err = Residency(ResidencyConfig{Ranks: 2, Slots: 4, Grids: []int{2, 2}, Kinds: entry[:1], Idle: []int{0, 1}})
+	assert.ErrorContains(t, err, "call 1 has 1 idle blocks but is send first", "a call past Kinds is SendFirst")
+	_, err = Residency(ResidencyConfig{Ranks: 2, Slots: 4, Grids: []int{2, 2}, Idle: []int{0, 0}})
+	assert.NoError(t, err, "SendFirst calls with no idle blocks")
 	assert.Equal(t, "early always", EarlyAlways.String())
 	assert.Equal(t, "early after entry", EarlyAfterEntry.String())
 	assert.Equal(t, "send first", SendFirst.String())
