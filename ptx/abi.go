@@ -142,9 +142,9 @@ const (
 	// direct two-shot before its delivered barrier, push after its sends. The next kernel's
 	// blocks then wait, in griddepcontrol.wait, next to this kernel's; where ranks share a GPU
 	// the host sets the flag only where that cannot keep a peer's blocks off the GPU
-	// (EarlyTriggerAnyGrid, EarlyTriggerRoom; with one rank per GPU, always). Without it a
-	// kernel triggers only after its last wait on a peer (two-shot through tmp, after the
-	// middle barrier) or when it exits.
+	// (EarlyTriggerAnyGrid, EarlyTriggerRoom; with one rank per GPU, always). Without it
+	// two-shot through tmp triggers after its middle barrier (its last wait on a peer), push
+	// once a thread's first vector has arrived from every rank, the others when they exit.
 	FlagEarlyTrigger = 1
 	// FlagStageInput makes the one-shot kernel copy this rank's input, whose address it gets
 	// in p_outputs (which one-shot has no other use for), into the buffer that its own entry
