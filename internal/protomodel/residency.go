@@ -186,8 +186,8 @@ func Residency(cfg ResidencyConfig) (ResidencyStats, error) {
 		switch {
 		case n < 0 || n > cfg.Grids[k]-1:
 			return ResidencyStats{}, fmt.Errorf("protomodel: call %d has %d idle blocks of %d: want 0 to %d (block 0 always has work)", k, n, cfg.Grids[k], cfg.Grids[k]-1)
-		case n > 0 && m.kind(k) != EntryFirst:
-			return ResidencyStats{}, fmt.Errorf("protomodel: call %d has %d idle blocks but is %v: only EntryFirst calls have idle blocks (the push kernel has them without its early flag, when it triggers after its first receive)", k, n, m.kind(k))
+		case n > 0 && cfg.kind(k) != EntryFirst:
+			return ResidencyStats{}, fmt.Errorf("protomodel: call %d has %d idle blocks but is %v: only EntryFirst calls have idle blocks (the push kernel has them without its early flag, when it triggers after its first receive)", k, n, cfg.kind(k))
 		}
 	}
 	m.stats.EarlyOverlaps = make([]int, len(cfg.Grids))
@@ -213,31 +213,45 @@ func Residency(cfg ResidencyConfig) (ResidencyStats, error) {
 	}
 }
 
-// kind is call k's kernel kind.
-func (m *residency) kind(k int) KernelKind {
-	if k < len(m.cfg.Kinds) {
-		return m.cfg.Kinds[k]
+// kind is call k's kernel kind: SendFirst past the end of Kinds.
+func (c *ResidencyConfig) kind(k int) KernelKind {
+	if k < len(c.Kinds) {
+		return c.Kinds[k]
 	}
 	return SendFirst
 }
 
-// idle says whether block b of call k is idle: one of its last Idle[k] blocks.
-func (m *residency) idle(k, b int) bool {
-	return k < len(m.cfg.Idle) && b >= m.cfg.Grids[k]-m.cfg.Idle[k]
+// idleBlocks is call k's number of idle blocks: 0 past the end of Idle.
+func (c *ResidencyConfig) idleBlocks(k int) int {
+	if k < len(c.Idle) {
+		return c.Idle[k]
+	}
+	return 0
 }
 
-// early says whether call k's grid triggers its dependents early.
-func (m *residency) early(k int) bool {
-	switch m.cfg.Rule {
+// early says whether the rule lets call k's grid trigger its dependents early (with PDL).
+func (c *ResidencyConfig) early(k int) bool {
+	switch c.Rule {
 	case EarlyAlways:
 		return true
 	case EarlyWhereRoom:
-		return m.cfg.Grids[k] <= m.cfg.Room
+		return c.Grids[k] <= c.Room
 	case EarlyAfterEntry:
-		return m.kind(k) == EntryFirst || m.cfg.Grids[k] <= m.cfg.Room
+		return c.kind(k) == EntryFirst || c.Grids[k] <= c.Room
 	}
 	return false
 }
+
+// kind is call k's kernel kind.
+func (m *residency) kind(k int) KernelKind { return m.cfg.kind(k) }
+
+// idle says whether block b of call k is idle: one of its last Idle[k] blocks.
+func (m *residency) idle(k, b int) bool {
+	return b >= m.cfg.Grids[k]-m.cfg.idleBlocks(k)
+}
+
+// early says whether call k's grid triggers its dependents early.
+func (m *residency) early(k int) bool { return m.cfg.early(k) }
 
 // triggerStage is the stage from which a block of call k that is not idle has let its
 // dependents launch (an idle block lets them launch only by exiting: triggered).
@@ -452,8 +466,8 @@ func (m *residency) deadlock() error {
 			}
 			call := fmt.Sprintf("rank %d call %d", r, k)
 			switch {
-			case k < len(m.cfg.Idle) && m.cfg.Idle[k] > 0:
-				call += fmt.Sprintf(" (%v, %d idle)", m.kind(k), m.cfg.Idle[k])
+			case m.cfg.idleBlocks(k) > 0:
+				call += fmt.Sprintf(" (%v, %d idle)", m.kind(k), m.cfg.idleBlocks(k))
 			case m.cfg.Kinds != nil:
 				call += fmt.Sprintf(" (%v)", m.kind(k))
 			}

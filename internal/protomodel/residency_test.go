@@ -71,39 +71,6 @@ func residencyIdle(grids []int, kinds []KernelKind, rng *rand.Rand) []int {
 	return idle
 }
 
-// idleOf is call k's idle block count in c, 0 past the end of c.Idle.
-func idleOf(c ResidencyConfig, k int) int {
-	if k < len(c.Idle) {
-		return c.Idle[k]
-	}
-	return 0
-}
-
-// kindOf is call k's kind in c, SendFirst past the end of c.Kinds.
-func kindOf(c ResidencyConfig, k int) KernelKind {
-	if k < len(c.Kinds) {
-		return c.Kinds[k]
-	}
-	return SendFirst
-}
-
-// mayTriggerEarly says whether c's rule lets call k trigger early: the rules as
-// ResidencyConfig documents them, for checking where a run's early overlaps came from.
-func mayTriggerEarly(c ResidencyConfig, k int) bool {
-	if !c.PDL {
-		return false
-	}
-	switch c.Rule {
-	case EarlyAlways:
-		return true
-	case EarlyWhereRoom:
-		return c.Grids[k] <= c.Room
-	case EarlyAfterEntry:
-		return kindOf(c, k) == EntryFirst || c.Grids[k] <= c.Room
-	}
-	return false
-}
-
 // TestResidencyRule checks ptx.EarlyTriggerRoom and EarlyAfterEntry: with PDL and the early
 // trigger where either rule allows it (and with the late trigger only, and without PDL), no
 // schedule deadlocks, whatever the calls' kinds and idle blocks; the runs did put a rank's
@@ -140,12 +107,12 @@ func TestResidencyRule(t *testing.T) {
 						if n == 0 {
 							continue
 						}
-						require.True(t, k > 0 && mayTriggerEarly(c, k-1), "call %d placed beside call %d still waiting on a peer, which rule %v does not let trigger early (grids %v kinds %v room %d)", k, k-1, c.Rule, c.Grids, c.Kinds, c.Room)
+						require.True(t, k > 0 && c.early(k-1), "call %d placed beside call %d still waiting on a peer, which rule %v does not let trigger early (grids %v kinds %v room %d)", k, k-1, c.Rule, c.Grids, c.Kinds, c.Room)
 						earlyOverlaps += n
-						if c.Rule == EarlyAfterEntry && kindOf(c, k-1) == EntryFirst && c.Grids[k-1] > c.Room {
+						if c.Rule == EarlyAfterEntry && c.kind(k-1) == EntryFirst && c.Grids[k-1] > c.Room {
 							entryOverlaps += n
 						}
-						if c.Rule == EarlyAfterEntry && idleOf(c, k-1) > 0 {
+						if c.Rule == EarlyAfterEntry && c.idleBlocks(k-1) > 0 {
 							idleOverlaps += n
 						}
 					}
@@ -180,7 +147,7 @@ func TestResidencyEntryFirstEarlyAlways(t *testing.T) {
 			require.NoError(t, err, "ranks %d slots %d grids %v idle %v, every call EntryFirst and early, seed %d", c.Ranks, c.Slots, c.Grids, c.Idle, seed)
 			for k, n := range st.EarlyOverlaps {
 				earlyOverlaps += n
-				if k > 0 && idleOf(c, k-1) > 0 {
+				if k > 0 && c.idleBlocks(k-1) > 0 {
 					idleOverlaps += n
 				}
 			}
@@ -199,7 +166,7 @@ func TestResidencyEntryFirstEarlyAlways(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	for _, c := range residencyCases() {
 		run(c, 150)
-		c.Idle = residencyIdle(c.Grids, make([]KernelKind, len(c.Grids)), rng)
+		c.Idle = make([]int, len(c.Grids))
 		for k := range c.Idle {
 			c.Idle[k] = rng.IntN(c.Grids[k])
 		}
