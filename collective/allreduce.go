@@ -123,9 +123,7 @@ func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, c
 	a.Bytes(c.sig[:ws8], 8)
 	a.Bytes(buf[:ws8], 8)
 	a.U64(slot)
-	if c.earlyTrigger(kernel, blocks) {
-		flags |= ptx.FlagEarlyTrigger
-	}
+	flags |= c.triggerFlags(kernel, blocks)
 	a.U32(flags)
 	a.U32(tail)
 	a.U64(allReduceCall(kernel, dt, count, staged, algo == TwoShot && direct))
@@ -151,6 +149,30 @@ func allReduceCall(kernel ptx.Algorithm, dt DType, count int, staged, direct boo
 // computes the same answer for the same call.
 func (c *Comm) earlyTrigger(kernel ptx.Algorithm, blocks int) bool {
 	return blocks <= c.earlyRoom || c.earlyAnyGrid && ptx.EarlyTriggerAnyGrid(kernel)
+}
+
+// entryTriggerMaxRanksOnGPU is the most ranks sharing one GPU for which the pull kernels
+// trigger their dependents right after their entry barrier (ptx.FlagEntryTrigger) rather than
+// before their last wait on a peer. On an H100 with 2 virtual ranks and one graph per rank
+// that took 0.5 to 0.7 us off the 4 MiB all-reduce and 0.15 to 0.35 off the fused call at 8
+// rows, against 0.1 to 0.3 more for the in-place two-shot at 1 and 4 MiB in some runs; with 4
+// ranks several points were up to 0.4 us slower in one of two runs, with 8 the fused call at 1
+// and 8 rows was 0.4 slower (docs/benchmarks.md, "PDL trigger at the entry barrier"). With
+// one rank per GPU no other rank's kernels share the GPU with the next kernel's blocks.
+const entryTriggerMaxRanksOnGPU = 2
+
+// triggerFlags are the PDL bits of p_flags for a launch of kernel over blocks blocks:
+// ptx.FlagEarlyTrigger where earlyTrigger allows it, with ptx.FlagEntryTrigger for the
+// kernels that have an entry barrier (all but Push) where few enough ranks share the GPU
+// (c.entryTrigger). Every rank computes the same bits for the same call.
+func (c *Comm) triggerFlags(kernel ptx.Algorithm, blocks int) uint32 {
+	if !c.earlyTrigger(kernel, blocks) {
+		return 0
+	}
+	if c.entryTrigger && kernel != ptx.Push {
+		return ptx.FlagEarlyTrigger | ptx.FlagEntryTrigger
+	}
+	return ptx.FlagEarlyTrigger
 }
 
 // launch starts fn on stream with the packed arguments (with PDL where the communicator uses

@@ -39,6 +39,10 @@ type Comm struct {
 	// any grid size (ptx.EarlyTriggerAnyGrid); always set, cleared by benchmarks that measure
 	// the room rule alone
 	earlyAnyGrid bool
+	// entryTrigger moves the early trigger of the kernels with an entry barrier to right
+	// after it (ptx.FlagEntryTrigger): where at most entryTriggerMaxRanksOnGPU ranks share a
+	// GPU; benchmarks set it either way
+	entryTrigger bool
 	blocks       int  // block limit of OneShot and TwoShot
 	pushBlocks   int  // block count of every Push launch
 	allLocal     bool // every rank lives in this process
@@ -466,6 +470,7 @@ func (c *Comm) initCustom(ctx context.Context, infos []rankInfo, fd int) error {
 	c.pdl = c.major >= 9 && !c.opts.DisablePDL && driver.Has(driver.FeatureLaunchEx)
 	c.earlyRoom = ptx.EarlyTriggerRoom(max(c.blocks, c.pushBlocks, c.tuning.table.largestGrid()), smsOnGPU*blocksPerSM, maxOnGPU)
 	c.earlyAnyGrid = true
+	c.entryTrigger = maxOnGPU <= entryTriggerMaxRanksOnGPU
 	c.timeout = c.opts.timeoutNanos()
 
 	t := time.Now()

@@ -10,3 +10,12 @@ func SetEarlyTrigger(c *Comm, room int, anyGrid bool) { c.earlyRoom, c.earlyAnyG
 
 // EarlyRoom is c's room for ptx.FlagEarlyTrigger (ptx.EarlyTriggerRoom).
 func EarlyRoom(c *Comm) int { return c.earlyRoom }
+
+// SetEntryTrigger sets whether c's early triggers of the kernels with an entry barrier come
+// right after it (ptx.FlagEntryTrigger) or before their last wait on a peer. Both places are
+// safe wherever the early trigger is; benchmarks compare them. Call it before the
+// communicator's first call.
+func SetEntryTrigger(c *Comm, entry bool) { c.entryTrigger = entry }
+
+// EntryTrigger reports whether c's kernels with an entry barrier trigger right after it.
+func EntryTrigger(c *Comm) bool { return c.entryTrigger }

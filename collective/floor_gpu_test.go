@@ -342,10 +342,12 @@ func BenchmarkAllReduceGrid(b *testing.B) {
 // BenchmarkEarlyTrigger measures the rules for ptx.FlagEarlyTrigger where ranks share one
 // GPU, in the fork/join harness: collective's ("rule": every grid of the kernels that trigger
 // after their entry barrier, ptx.EarlyTriggerAnyGrid, and push's within
-// ptx.EarlyTriggerRoom), the room alone for every kernel ("room"), and every grid carrying
-// the flag ("always"). The last is safe in this harness alone, where a layer's kernels launch
-// only once every kernel of the layer before has let them, so every block of it is resident;
-// elsewhere it may deadlock push. Compare it with
+// ptx.EarlyTriggerRoom; the trigger's place as collective chooses it), the same with the
+// trigger before the last wait on a peer ("late") and right after the entry barrier
+// ("entry", ptx.FlagEntryTrigger) whatever the ranks, the room alone for every kernel
+// ("room"), and every grid carrying the flag ("always"). The last is safe in this harness
+// alone, where a layer's kernels launch only once every kernel of the layer before has let
+// them, so every block of it is resident; elsewhere it may deadlock push. Compare it with
 // BenchmarkGraphForkJoinFloor/fork-rank0-pdl-early of the same run.
 func BenchmarkEarlyTrigger(b *testing.B) {
 	requireGPU(b)
@@ -358,7 +360,8 @@ func BenchmarkEarlyTrigger(b *testing.B) {
 		name    string
 		room    int // -1: collective's
 		anyGrid bool
-	}{{"rule", -1, true}, {"room", -1, false}, {"always", ptx.MaxBlocks, true}}
+		entry   int // -1: collective's; 0 or 1: ptx.FlagEntryTrigger off or on
+	}{{"rule", -1, true, -1}, {"late", -1, true, 0}, {"entry", -1, true, 1}, {"room", -1, false, -1}, {"always", ptx.MaxBlocks, true, -1}}
 	for _, ws := range []int{2, 4, 8} {
 		for _, nbytes := range []int{16 << 10, 256 << 10, 1 << 20} {
 			for _, v := range variants {
@@ -367,8 +370,9 @@ func BenchmarkEarlyTrigger(b *testing.B) {
 				}
 				for _, scope := range []string{"gpu", "sys"} {
 					for _, rule := range rules {
-						// push triggers early within the room under either rule
-						if v.algo == collective.Push && rule.name == "room" {
+						// push triggers early within the room under either rule, after its
+						// sends: it has no entry barrier
+						if v.algo == collective.Push && rule.name != "rule" && rule.name != "always" {
 							continue
 						}
 						b.Run(fmt.Sprintf("ws%d/%s/%s/%s/%s", ws, sizeName(nbytes), v.name, scope, rule.name), func(b *testing.B) {
@@ -380,6 +384,9 @@ func BenchmarkEarlyTrigger(b *testing.B) {
 									room = collective.EarlyRoom(c)
 								}
 								collective.SetEarlyTrigger(c, room, rule.anyGrid)
+								if rule.entry >= 0 {
+									collective.SetEntryTrigger(c, rule.entry == 1)
+								}
 							})
 						})
 					}

@@ -266,10 +266,7 @@ func (p *fusedParams) pack(args *driver.Args) {
 
 // fusedFlags are the p_flags of a fused launch of kernel over blocks blocks.
 func (c *Comm) fusedFlags(kernel ptx.Algorithm, blocks int, noNorm bool) uint32 {
-	var flags uint32
-	if c.earlyTrigger(kernel, blocks) {
-		flags |= ptx.FlagEarlyTrigger
-	}
+	flags := c.triggerFlags(kernel, blocks)
 	if noNorm {
 		flags |= ptx.FlagNoNorm
 	}

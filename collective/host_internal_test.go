@@ -128,6 +128,11 @@ func TestBarrierScope(t *testing.T) {
 			if got, want := c.earlyTrigger(ptx.Push, c.pushBlocks), c.pushBlocks <= c.earlyRoom; got != want {
 				t.Errorf("%s: rank %d: push's %d blocks trigger early: %v, want %v (room %d)", name, c.rank, c.pushBlocks, got, want, c.earlyRoom)
 			}
+			// the pull kernels' early trigger comes right after their entry barrier where few
+			// enough ranks share the GPU
+			if want := c.ranksOnGPU <= entryTriggerMaxRanksOnGPU; c.ranksOnGPU != 3 || c.entryTrigger != want {
+				t.Errorf("%s: rank %d: %d ranks on the GPU, entry trigger %v: want 3 ranks and %v", name, c.rank, c.ranksOnGPU, c.entryTrigger, want)
+			}
 			// the barrier kernels follow the scope; push has no barrier and one kernel for all
 			for algo, scope := range map[ptx.Algorithm]ptx.Scope{ptx.OneShot: o.want, ptx.TwoShot: o.want, ptx.Push: ptx.ScopeSystem} {
 				spec := ptx.Spec{Algo: algo, DType: dtype.BFloat16, WorldSize: 3, Scope: scope}
@@ -158,6 +163,23 @@ func TestEarlyTrigger(t *testing.T) {
 	assert.False(t, c.earlyTrigger(ptx.OneShot, 17))
 	c.earlyRoom = 0
 	assert.False(t, c.earlyTrigger(ptx.TwoShot, 1))
+}
+
+// TestTriggerFlags: the PDL bits of p_flags. FlagEntryTrigger comes only with
+// FlagEarlyTrigger, only where the communicator chose it, and never on push, which has no
+// entry barrier.
+func TestTriggerFlags(t *testing.T) {
+	c := &Comm{earlyRoom: 16, earlyAnyGrid: true, entryTrigger: true}
+	both := uint32(ptx.FlagEarlyTrigger | ptx.FlagEntryTrigger)
+	for _, k := range []ptx.Algorithm{ptx.OneShot, ptx.TwoShot, ptx.Columns} {
+		assert.Equal(t, both, c.triggerFlags(k, ptx.MaxBlocks), k.String())
+	}
+	assert.Equal(t, uint32(ptx.FlagEarlyTrigger), c.triggerFlags(ptx.Push, 16))
+	assert.Zero(t, c.triggerFlags(ptx.Push, 17))
+	c.entryTrigger = false
+	assert.Equal(t, uint32(ptx.FlagEarlyTrigger), c.triggerFlags(ptx.OneShot, ptx.MaxBlocks))
+	c.entryTrigger, c.earlyAnyGrid, c.earlyRoom = true, false, 0
+	assert.Zero(t, c.triggerFlags(ptx.TwoShot, 1), "no early trigger, no entry trigger")
 }
 
 // TestBarrierScopeChoice: the scope the ranks' facts and options give, without a GPU.

@@ -156,6 +156,15 @@ const (
 	// of its own before the launch. Bit 2: the fused kernels use bit 1 (FlagNoNorm), so the
 	// bit can mean the same in both families.
 	FlagStageInput = 4
+	// FlagEntryTrigger moves the trigger that FlagEarlyTrigger allows to right after the entry
+	// barrier in the kernels that have one (one-shot, two-shot and the fused kernels), so that
+	// the next kernel of the stream launches while this one does its work rather than only
+	// before its last wait on a peer; without FlagEarlyTrigger it does nothing. The residency
+	// argument of EarlyTriggerAnyGrid is the same for both places. Where ranks share a GPU
+	// it is not always faster (docs/benchmarks.md, "PDL trigger at the entry barrier"), so the
+	// host chooses it. Push has no entry barrier: its flagged trigger is after its sends
+	// either way, and the host does not set this bit for it.
+	FlagEntryTrigger = 8
 )
 
 // EarlyTriggerAnyGrid reports whether kernel may carry FlagEarlyTrigger at any grid size

@@ -33,7 +33,7 @@ func Params(worldSize int) []Param {
 		{"p_sig", 8 * worldSize, 8}, // every rank's signal region
 		{"p_buf", 8 * worldSize, 8}, // twoshot: tmp buffers; push: receive buffers
 		{"p_slot", 8, 8},            // push: bytes of one receive slot
-		{"p_flags", 4, 4},           // FlagEarlyTrigger, FlagStageInput
+		{"p_flags", 4, 4},           // FlagEarlyTrigger, FlagStageInput, FlagEntryTrigger
 		{"p_tail", 4, 4},            // bytes of the last vector that are the message's, 2..16
 		{"p_call", 8, 8},            // this rank's Call.Fingerprint, checked against the peers'
 	}

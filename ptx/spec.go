@@ -154,6 +154,7 @@ type abiConsts struct {
 	PhaseExit, PhasePush                    int
 	StaleAfterNs                            int
 	FlagEarlyTrigger, FlagStageInput        int
+	FlagEntryTrigger                        int
 	PushParts                               int
 	// PushHeader is the bytes of the call header at the start of a push receive slot,
 	// PushTag the tag of its words.
@@ -169,7 +170,7 @@ var baseABI = abiConsts{
 	CodeTimeout: int(ErrCodeTimeout), CodeUnfilled: int(ErrCodeUnfilledSlot), CodeMismatch: int(ErrCodeMismatch),
 	PhaseNone: int(PhaseNone), PhaseEntry: int(PhaseEntry), PhaseMiddle: int(PhaseMiddle),
 	PhaseExit: int(PhaseExit), PhasePush: int(PhasePush), StaleAfterNs: StaleAfterNs,
-	FlagEarlyTrigger: FlagEarlyTrigger, FlagStageInput: FlagStageInput, Lanes: MaxRanks, PhaseSlots: MaxBlocks * MaxRanks,
+	FlagEarlyTrigger: FlagEarlyTrigger, FlagStageInput: FlagStageInput, FlagEntryTrigger: FlagEntryTrigger, Lanes: MaxRanks, PhaseSlots: MaxBlocks * MaxRanks,
 	PushHeader: PushHeaderBytes, PushTag: PushHeaderTag, Done: 4 * ErrWordDone, Claim: 4 * ErrWordClaim,
 }
 

@@ -141,24 +141,29 @@ func TestGenerate(t *testing.T) {
 		assert.True(t, has(text, "\n.maxntid 512, 1, 1\n"), name)
 		assert.Equal(t, 1, strings.Count(instr, ".entry "), name)
 		// PDL only where the ISA has it. Every kernel has one trigger that FlagEarlyTrigger
-		// guards (before its last wait on a peer); two-shot has one more, after its middle
-		// barrier, that it does not need to guard, and push one after a thread's first
-		// receive, once a thread.
+		// alone guards (before its last wait on a peer, %early); the kernels with an entry
+		// barrier one right after it, for FlagEarlyTrigger with FlagEntryTrigger (%p0);
+		// two-shot one more, after its middle barrier, where the entry trigger did not come
+		// (!%p0); push one after a thread's first receive, once a thread. None is unguarded.
 		pdl := s.Target == SM90
 		assert.Equal(t, pdl, has(instr, "griddepcontrol.wait;"), name)
 		assert.Equal(t, pdl, has(instr, "ld.param.u32 %t0, [p_flags];"), name)
-		guarded, unguarded, received := 0, 0, 0
+		guarded, entry, middle, received := 0, 0, 0, 0
 		if pdl {
 			guarded = 1
 			switch s.Algo {
+			case OneShot:
+				entry = 1
 			case TwoShot:
-				unguarded = 1
+				entry, middle = 1, 1
 			case Push:
 				received = 1
 			}
 		}
 		assert.Equal(t, guarded, strings.Count(instr, "@%early griddepcontrol.launch_dependents;"), name)
-		assert.Equal(t, unguarded, strings.Count(instr, "\tgriddepcontrol.launch_dependents;"), name)
+		assert.Equal(t, entry, strings.Count(instr, "@%p0 griddepcontrol.launch_dependents;"), name)
+		assert.Equal(t, middle, strings.Count(instr, "@!%p0 griddepcontrol.launch_dependents;"), name)
+		assert.Equal(t, 0, strings.Count(instr, "\tgriddepcontrol.launch_dependents;"), name)
 		assert.Equal(t, received, strings.Count(instr, "@%untriggered griddepcontrol.launch_dependents;"), name)
 	}
 }
