@@ -16,6 +16,3 @@ func EarlyRoom(c *Comm) int { return c.earlyRoom }
 // safe wherever the early trigger is; benchmarks compare them. Call it before the
 // communicator's first call.
 func SetEntryTrigger(c *Comm, entry bool) { c.entryTrigger = entry }
-
-// EntryTrigger reports whether c's kernels with an entry barrier trigger right after it.
-func EntryTrigger(c *Comm) bool { return c.entryTrigger }

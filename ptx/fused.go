@@ -106,7 +106,7 @@ func FusedPushParams(worldSize int) []Param {
 		{"p_sig", 8 * worldSize, 8},
 		{"p_buf", 8 * worldSize, 8}, // every rank's push receive buffer
 		{"p_slot", 8, 8},            // bytes of one receive slot, PushSlotBytes(PushMaxBytes)
-		{"p_flags", 4, 4},           // FlagEarlyTrigger, FlagNoNorm, FlagEntryTrigger
+		{"p_flags", 4, 4},           // FlagEarlyTrigger, FlagNoNorm
 		{"p_call", 8, 8},            // FusedCall(Push, ...)'s fingerprint
 	}
 }
