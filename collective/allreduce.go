@@ -154,7 +154,7 @@ func (c *Comm) earlyTrigger(kernel ptx.Algorithm, blocks int) bool {
 // entryTriggerMaxRanksOnGPU is the most ranks sharing one GPU for which the pull kernels
 // trigger their dependents right after their entry barrier (ptx.FlagEntryTrigger) rather than
 // before their last wait on a peer. On an H100 with 2 virtual ranks and one graph per rank
-// that took 0.5 to 0.7 us off the 4 MiB all-reduce and 0.15 to 0.35 off the fused call at 8
+// that took 0.45 to 0.7 us off the 4 MiB all-reduce and 0.15 to 0.35 off the fused call at 8
 // rows, against 0.1 to 0.3 more for the in-place two-shot at 1 and 4 MiB in some runs; with 4
 // ranks several points were up to 0.4 us slower in one of two runs, with 8 the fused call at 1
 // and 8 rows was 0.4 slower (docs/benchmarks.md, "PDL trigger at the entry barrier"). With
