@@ -101,7 +101,17 @@
 // tells its peer right after the block's reads, the block works on (its norm pass:
 // pauses), then the lanes poll; no call may write its input while a peer still
 // reads. Its broken variant SplitEarly arrives before the block's last reads and
-// must be caught reading another call's data.
+// must be caught reading another call's data. Regions (OneShotConfig.Regions, with
+// the kernel's staging and no exit barrier) is what a one-shot needs to drop its
+// exit barrier, which the kernels keep: BlockParity stages block b's elements, in
+// the order the block visits them, into a region of block b's own, in the half
+// that the parity of the block's entry round picks; VaryGrid gives every call its
+// own grid, so the blocks' rounds drift apart. No block may read another call's
+// data while calls stage ahead of slow peers (Stats.Ahead); the broken layouts
+// BlockRegionsOnly (one half) and ElemParity (halves indexed by element, with
+// VaryGrid) must be caught reading another call's data. The call check's words
+// would need the same halves; the model does not run them without the exit
+// barrier.
 //
 // Residency (Residency). The runs above assume every block runs; with ranks
 // sharing a GPU that needs every block they wait for to be resident, and PDL

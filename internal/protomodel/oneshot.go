@@ -63,6 +63,47 @@ func (v StageVariant) String() string {
 	return fmt.Sprintf("StageVariant(%d)", int(v))
 }
 
+// RegionLayout says where the kernel's staging copy (KernelStaged) puts a block's elements,
+// the place its peers' same block reads them from.
+type RegionLayout int
+
+const (
+	// SharedBuffer is one buffer per rank, indexed by element: what the kernels stage into.
+	// Without the exit barrier the next call's copies overwrite what a slow peer still reads.
+	SharedBuffer RegionLayout = iota
+	// BlockParity gives every block a region of its own, in two halves, and block b stages the
+	// elements of a call, in the order it visits them, into the half that the parity of its
+	// entry barrier's round picks (its self_counter[b][0]+1, read before the barrier). This
+	// is what lets a one-shot drop its exit barrier: a block at round r has seen the peers'
+	// block b arrive at round r-1, so each has finished its reads of round r-2, the last
+	// ones of the same half, whatever the grids of the calls between; and no block but the
+	// peers' block b reads block b's region.
+	BlockParity
+	// BlockRegionsOnly is deliberately broken without the exit barrier: regions per block
+	// but one half, so the next call's copies overwrite a region a slow peer still reads.
+	BlockRegionsOnly
+	// ElemParity is deliberately broken without the exit barrier where grids change from
+	// call to call: two halves picked by the round's parity but indexed by element, so block
+	// b's copies may land on elements that another block of a slow peer, whose round has
+	// the same parity, still reads.
+	ElemParity
+)
+
+// String names the layout.
+func (l RegionLayout) String() string {
+	switch l {
+	case SharedBuffer:
+		return "shared-buffer"
+	case BlockParity:
+		return "block-parity"
+	case BlockRegionsOnly:
+		return "block-regions-only"
+	case ElemParity:
+		return "elem-parity"
+	}
+	return fmt.Sprintf("RegionLayout(%d)", int(l))
+}
+
 // OneShotConfig is one run of the one-shot model.
 type OneShotConfig struct {
 	// Ranks (1..MaxRanks), Blocks (1..MaxBlocks) per rank, Threads per block,
@@ -80,6 +121,13 @@ type OneShotConfig struct {
 	SplitEarly bool
 	// Stage is how each call's input reaches the buffer the peers read.
 	Stage StageVariant
+	// Regions is where KernelStaged puts each block's elements (SharedBuffer for the other
+	// stage variants).
+	Regions RegionLayout
+	// VaryGrid gives each call a grid of its own, 1 to Blocks blocks, the same on every
+	// rank: the blocks of a call's grid take part in its barriers, the others skip it, so
+	// the blocks' rounds drift apart.
+	VaryGrid bool
 	// Barrier is the barrier protocol: TwoPhase (the zero value) or Counting.
 	Barrier BarrierVariant
 	// Seed drives each block's random delays and read order.
@@ -90,11 +138,27 @@ type OneShotConfig struct {
 
 // oneShotModel is the memory of a one-shot run.
 type oneShotModel struct {
-	cfg  OneShotConfig
-	run  *run
-	bar  *barrier
-	in   [][]atomic.Uint32 // in[r]: the buffer the peers read of rank r; call k writes k+1
-	read [][]atomic.Int64  // read[r][b]: calls whose reads block b of rank r finished
+	cfg   OneShotConfig
+	run   *run
+	bar   *barrier
+	in    [][]atomic.Uint32 // in[r]: the buffer the peers read of rank r; call k writes k+1
+	read  [][]atomic.Int64  // read[r][b]: 1 + the last call whose reads block b of rank r finished
+	grids []int             // grids[k]: call k's blocks
+}
+
+// regionIndex is where block b stages the element it visits pos-th (elem, in the order of
+// the grid-stride loop) for a round of parity: in[r] holds 2*Blocks regions of Elems.
+func (m *oneShotModel) regionIndex(parity uint32, b, pos, elem int) int {
+	cfg := m.cfg
+	switch cfg.Regions {
+	case BlockParity:
+		return (int(parity)*cfg.Blocks+b)*cfg.Elems + pos
+	case BlockRegionsOnly:
+		return b*cfg.Elems + pos
+	case ElemParity:
+		return int(parity)*cfg.Blocks*cfg.Elems + elem
+	}
+	return elem
 }
 
 // OneShot runs the one-shot model. Every rank runs Rounds calls in stream order, each
@@ -121,13 +185,31 @@ func OneShot(ctx context.Context, cfg OneShotConfig) (Stats, error) {
 	if cfg.SplitExit && !cfg.ExitBarrier || cfg.SplitEarly && !cfg.SplitExit {
 		return Stats{}, fmt.Errorf("protomodel: SplitExit splits the exit barrier (ExitBarrier), and SplitEarly is a SplitExit")
 	}
+	if cfg.Regions < SharedBuffer || cfg.Regions > ElemParity {
+		return Stats{}, fmt.Errorf("protomodel: unknown region layout %d", int(cfg.Regions))
+	}
+	if cfg.Regions != SharedBuffer && (cfg.Stage != KernelStaged || cfg.SplitExit) {
+		return Stats{}, fmt.Errorf("protomodel: region layout %v: the kernel's own staging (KernelStaged), without SplitExit", cfg.Regions)
+	}
 	r := newRun(cfg.Stall)
 	m := &oneShotModel{cfg: cfg, run: r, bar: &barrier{sig: newSignals(cfg.Ranks), variant: cfg.Barrier, run: r}}
 	m.in = make([][]atomic.Uint32, cfg.Ranks)
 	m.read = make([][]atomic.Int64, cfg.Ranks)
+	size := cfg.Elems
+	if cfg.Regions != SharedBuffer {
+		size = 2 * cfg.Blocks * cfg.Elems
+	}
 	for p := range cfg.Ranks {
-		m.in[p] = make([]atomic.Uint32, cfg.Elems)
+		m.in[p] = make([]atomic.Uint32, size)
 		m.read[p] = make([]atomic.Int64, cfg.Blocks)
+	}
+	m.grids = make([]int, cfg.Rounds)
+	grids := rand.New(rand.NewPCG(cfg.Seed, 0x6A1D))
+	for k := range m.grids {
+		m.grids[k] = cfg.Blocks
+		if cfg.VaryGrid {
+			m.grids[k] = 1 + grids.IntN(cfg.Blocks)
+		}
 	}
 
 	end := r.watch(ctx)
@@ -153,7 +235,7 @@ func OneShot(ctx context.Context, cfg OneShotConfig) (Stats, error) {
 				}
 				var blocks sync.WaitGroup
 				var reads atomic.Int64
-				for b := range cfg.Blocks {
+				for b := range m.grids[k] {
 					blocks.Go(func() { reads.Add(int64(m.block(rank, b, k, jitters[b]))) })
 				}
 				blocks.Wait()
@@ -175,8 +257,11 @@ func OneShot(ctx context.Context, cfg OneShotConfig) (Stats, error) {
 // peerStillReading reports whether some block of some rank has not finished
 // reading call k-1.
 func (m *oneShotModel) peerStillReading(k int) bool {
+	if k == 0 {
+		return false
+	}
 	for _, blocks := range m.read {
-		for b := range blocks {
+		for b := range m.grids[k-1] {
 			if blocks[b].Load() < int64(k) {
 				return true
 			}
@@ -238,16 +323,19 @@ func (s *stager) own(elem int) (uint32, bool) {
 	return 0, false
 }
 
-// blockElems returns the elements block b's threads visit, in any order, each with its thread.
-func (m *oneShotModel) blockElems(b int) (elems, threads []int) {
+// blockElems returns the elements block b's threads visit in a grid of grid blocks, in any
+// order, each with its thread and its place in the block's visiting order (the n-th
+// element of thread t is place n*Threads+t).
+func (m *oneShotModel) blockElems(b, grid int) (elems, threads, places []int) {
 	cfg := m.cfg
 	for t := range cfg.Threads {
-		for _, i := range threadElems(b, t, cfg.Blocks, cfg.Threads, cfg.Elems) {
+		for n, i := range threadElems(b, t, grid, cfg.Threads, cfg.Elems) {
 			elems = append(elems, i)
 			threads = append(threads, t)
+			places = append(places, n*cfg.Threads+t)
 		}
 	}
-	return elems, threads
+	return elems, threads, places
 }
 
 // block runs block b of rank for call k and returns the number of reads it
@@ -256,6 +344,12 @@ func (m *oneShotModel) blockElems(b int) (elems, threads []int) {
 func (m *oneShotModel) block(rank, b, k int, j *jitter) (reads int) {
 	cfg := m.cfg
 	value := uint32(k + 1)
+	grid := m.grids[k]
+	elems, threads, places := m.blockElems(b, grid)
+	// the half of the block's region this call uses: the parity of its entry barrier's round,
+	// which lane 0 knows before the barrier (self_counter[b][0] + 1)
+	parity := (m.bar.sig[rank][selfCounterWord(b, 0)].Load() + 1) & 1
+	where := func(x int) int { return m.regionIndex(parity, b, places[x], elems[x]) }
 	var st *stager
 	if cfg.Stage != HostCopy {
 		st = &stager{buf: m.in[rank], rng: rand.New(rand.NewPCG(cfg.Seed^0x5DEECE66D, uint64(rank)<<16|uint64(b)<<8|uint64(k&0xFF)))}
@@ -267,12 +361,19 @@ func (m *oneShotModel) block(rank, b, k int, j *jitter) (reads int) {
 		}()
 	}
 	stage := func() {
+		if cfg.Regions != SharedBuffer {
+			for x := range elems {
+				st.copy(threads[x], []int{where(x)}, value)
+			}
+			j.pause()
+			return
+		}
 		src := b
 		if cfg.Stage == StagedOtherBlock {
-			src = (b + 1) % cfg.Blocks
+			src = (b + 1) % grid
 		}
 		for t := range cfg.Threads {
-			st.copy(t, threadElems(src, t, cfg.Blocks, cfg.Threads, cfg.Elems), value)
+			st.copy(t, threadElems(src, t, grid, cfg.Threads, cfg.Elems), value)
 		}
 		j.pause()
 	}
@@ -292,7 +393,6 @@ func (m *oneShotModel) block(rank, b, k int, j *jitter) (reads int) {
 		stage()
 	}
 
-	elems, threads := m.blockElems(b)
 	order := j.rng.Perm(len(elems))
 	// early[x*Ranks+p]: a read of rank p's element elems[x] performed before the barrier
 	// (StagedNoAcquire), -1 for none
@@ -303,7 +403,7 @@ func (m *oneShotModel) block(rank, b, k int, j *jitter) (reads int) {
 			for p := range cfg.Ranks {
 				early[x*cfg.Ranks+p] = -1
 				if p != rank && j.rng.IntN(2) == 0 {
-					early[x*cfg.Ranks+p] = int64(m.in[p][elems[x]].Load())
+					early[x*cfg.Ranks+p] = int64(m.in[p][where(x)].Load())
 					j.pause()
 				}
 			}
@@ -320,7 +420,7 @@ func (m *oneShotModel) block(rank, b, k int, j *jitter) (reads int) {
 	// rank and reports false after a stale read.
 	readAll := func(xs []int) bool {
 		for _, x := range xs {
-			i := elems[x]
+			i := where(x)
 			for p := range cfg.Ranks {
 				var v uint32
 				switch {
@@ -335,8 +435,8 @@ func (m *oneShotModel) block(rank, b, k int, j *jitter) (reads int) {
 					v = m.in[p][i].Load()
 				}
 				if v != value {
-					m.run.fail(fmt.Errorf("protomodel: %w: %v: rank %d block %d (thread %d) in call %d read rank %d's element %d and found call %d's data",
-						ErrStaleRead, cfg.Stage, rank, b, threads[x], k, p, i, int(v)-1))
+					m.run.fail(fmt.Errorf("protomodel: %w: %v, %v: rank %d block %d (thread %d) in call %d read rank %d's element %d and found call %d's data",
+						ErrStaleRead, cfg.Stage, cfg.Regions, rank, b, threads[x], k, p, elems[x], int(v)-1))
 					return false
 				}
 				reads++
@@ -357,14 +457,14 @@ func (m *oneShotModel) block(rank, b, k int, j *jitter) (reads int) {
 			return reads
 		}
 		if cut == len(order) {
-			m.read[rank][b].Add(1)
+			m.read[rank][b].Store(int64(k + 1))
 		}
 		if _, ok := m.bar.waitSplit(rank, b, j, func() bool {
 			if cut < len(order) {
 				if !readAll(order[cut:]) {
 					return false
 				}
-				m.read[rank][b].Add(1)
+				m.read[rank][b].Store(int64(k + 1))
 			}
 			for range 1 + j.rng.IntN(4) {
 				j.pause()
@@ -380,7 +480,7 @@ func (m *oneShotModel) block(rank, b, k int, j *jitter) (reads int) {
 	if !readAll(order) {
 		return reads
 	}
-	m.read[rank][b].Add(1)
+	m.read[rank][b].Store(int64(k + 1))
 	if cfg.ExitBarrier {
 		if _, ok := m.bar.wait(rank, b, j); !ok {
 			return reads

@@ -261,6 +261,49 @@ func TestOneShotStaging(t *testing.T) {
 	}
 }
 
+// TestOneShotRegions runs the one-shot without an exit barrier over regions per block in two
+// halves that the parity of the block's entry round picks (BlockParity), with a fixed grid
+// and with grids that change from call to call: no block ever reads another call's data,
+// although calls stage while a slow peer still reads the one before. One half per block, or
+// halves indexed by element where grids change, must be caught reading another call's data;
+// with a fixed grid every block's round has the same parity, so halves by element hold.
+func TestOneShotRegions(t *testing.T) {
+	for _, v := range []BarrierVariant{TwoPhase, Counting} {
+		for _, c := range []OneShotConfig{
+			{Ranks: 4, Blocks: 3, Threads: 4, Elems: 64, Rounds: 150, VaryGrid: true},
+			{Ranks: 3, Blocks: 4, Threads: 5, Elems: 37, Rounds: 150, VaryGrid: true}, // uneven shares
+			{Ranks: 4, Blocks: 2, Threads: 4, Elems: 64, Rounds: 150},
+			{Ranks: 8, Blocks: 2, Threads: 3, Elems: 40, Rounds: 60, VaryGrid: true},
+		} {
+			t.Run(fmt.Sprintf("%v_ws%d_b%d_vary%v", v, c.Ranks, c.Blocks, c.VaryGrid), func(t *testing.T) {
+				c.Barrier, c.Stage, c.Regions, c.Seed = v, KernelStaged, BlockParity, uint64(c.Ranks)
+				st, err := OneShot(testContext(t), c)
+				require.NoError(t, err)
+				assert.Positive(t, st.Ahead, "no call staged while a peer still read the one before: the schedule did not test the halves")
+				assert.Positive(t, st.Released, "no fence found a copy still pending: the schedule did not test the release")
+			})
+		}
+		t.Run(fmt.Sprintf("%v_elem_parity_fixed_grid", v), func(t *testing.T) {
+			_, err := OneShot(testContext(t), OneShotConfig{Ranks: 4, Blocks: 3, Threads: 4, Elems: 64, Rounds: 150,
+				Stage: KernelStaged, Regions: ElemParity, Barrier: v, Seed: 5})
+			require.NoError(t, err)
+		})
+		for _, broken := range []struct {
+			regions RegionLayout
+			vary    bool
+		}{{BlockRegionsOnly, false}, {ElemParity, true}} {
+			t.Run(fmt.Sprintf("%v_%v", v, broken.regions), func(t *testing.T) {
+				st, err := catch(t, func(seed uint64) (Stats, error) {
+					return OneShot(testContext(t), OneShotConfig{Ranks: 4, Blocks: 3, Threads: 4, Elems: 64, Rounds: 150,
+						Stage: KernelStaged, Regions: broken.regions, VaryGrid: broken.vary, Barrier: v, Seed: seed, Stall: brokenStall})
+				})
+				require.ErrorIs(t, err, ErrStaleRead)
+				assert.Positive(t, st.Ahead)
+			})
+		}
+	}
+}
+
 // TestOneShotStagingBrokenCaught: the staging without the fence before the flags, with fences
 // but without the bar.sync that makes them release the whole block's copies, with polls that
 // do not acquire, with the copy after the barrier, or with a block copying another block's
@@ -328,6 +371,10 @@ func TestConfigErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "unknown stage variant")
 	_, err = OneShot(ctx, OneShotConfig{Ranks: 2, Blocks: 1, Threads: 1, Barrier: OnePhase})
 	assert.ErrorContains(t, err, "one-phase")
+	_, err = OneShot(ctx, OneShotConfig{Ranks: 2, Blocks: 1, Threads: 1, Regions: BlockParity})
+	assert.ErrorContains(t, err, "the kernel's own staging")
+	_, err = OneShot(ctx, OneShotConfig{Ranks: 2, Blocks: 1, Threads: 1, Stage: KernelStaged, Regions: ElemParity + 1})
+	assert.ErrorContains(t, err, "unknown region layout")
 	_, err = OneShot(ctx, OneShotConfig{Ranks: 2, Blocks: 1, Threads: 1, SplitExit: true})
 	assert.ErrorContains(t, err, "SplitExit splits the exit barrier")
 	_, err = OneShot(ctx, OneShotConfig{Ranks: 2, Blocks: 1, Threads: 1, ExitBarrier: true, SplitEarly: true})
