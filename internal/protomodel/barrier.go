@@ -243,9 +243,10 @@ func Barrier(ctx context.Context, cfg BarrierConfig) (Stats, error) {
 		cc = &callChecker{m: m, variant: cfg.Calls, mismatches: cfg.Mismatches}
 		if cfg.Start != 0 {
 			// the previous entry barrier was at round Start-1, with another call
+			h := cfg.Calls.half(cfg.Start - 1)
 			for _, s := range m.sig {
 				for i, w := range ptx.CallWords(modelCall(-1, 0, cfg.Ranks, nil), uint16(cfg.Start-1)) {
-					s[callWord(i)].Store(w)
+					s[callWord(4*h+i)].Store(w)
 				}
 			}
 		}
@@ -279,12 +280,32 @@ func Barrier(ctx context.Context, cfg BarrierConfig) (Stats, error) {
 				}
 				var loaded [MaxRanks][4]uint32 // rank t's call as lane t loaded it
 				var entry uint32               // the round of the call's entry barrier
+				perBarrier := cfg.Calls.perBarrier()
+				// test runs lane t's test of call c for every t: false means the run stopped
+				test := func(c int) bool {
+					for _, t := range j.rng.Perm(cfg.Ranks) {
+						if !cc.check(rank, t, c, entry, loaded[t], j, pub) {
+							return false
+						}
+					}
+					return true
+				}
 				for k := range cfg.Rounds {
-					call := k / 2
-					if checks && k%2 == 1 && cfg.Calls != CallLate {
-						// the test before the lanes' next arrival
-						for _, t := range j.rng.Perm(cfg.Ranks) {
-							if !cc.check(rank, t, call, entry, loaded[t], j, pub) {
+					call, isEntry := k/2, k%2 == 0
+					if perBarrier {
+						call, isEntry = k, true
+					}
+					if checks {
+						switch {
+						case perBarrier && k > 0:
+							// no exit barrier: the previous call's test, before this call's
+							// entry (the lanes' next arrival)
+							if !test(k - 1) {
+								return
+							}
+						case !perBarrier && k%2 == 1 && cfg.Calls != CallLate:
+							// the test before the lanes' next arrival, at the exit barrier
+							if !test(call) {
 								return
 							}
 						}
@@ -300,7 +321,7 @@ func Barrier(ctx context.Context, cfg BarrierConfig) (Stats, error) {
 					arrived[b][k].Add(1)
 					var val uint32
 					var ok bool
-					if checks && k%2 == 0 {
+					if checks && isEntry {
 						pub.fp = modelCall(call, rank, cfg.Ranks, cfg.Mismatches)
 						val, ok = m.waitPublishing(rank, b, j, pub)
 					} else {
@@ -318,20 +339,27 @@ func Barrier(ctx context.Context, cfg BarrierConfig) (Stats, error) {
 						r.fail(fmt.Errorf("protomodel: %v barrier: rank %d block %d used round %#x at barrier %d, want %#x", cfg.Variant, rank, b, val, k, want))
 						return
 					}
-					if checks && k%2 == 0 {
+					if checks && isEntry {
 						// lane t loads rank t's call right after the entry barrier
 						entry = val
 						if cfg.Calls != CallLate {
 							for _, t := range j.rng.Perm(cfg.Ranks) {
-								loaded[t] = cc.load(rank, t, j, pub)
+								loaded[t] = cc.load(rank, t, val, j, pub)
 							}
 						}
 					}
 					if checks && k%2 == 1 && cfg.Calls == CallLate {
 						for _, t := range j.rng.Perm(cfg.Ranks) {
-							if !cc.check(rank, t, call, entry, cc.load(rank, t, j, pub), j, pub) {
+							if !cc.check(rank, t, call, entry, cc.load(rank, t, entry, j, pub), j, pub) {
 								return
 							}
+						}
+					}
+					if checks && perBarrier && k == cfg.Rounds-1 {
+						// the last call's test, before the kernel ends
+						j.pause()
+						if !test(call) {
+							return
 						}
 					}
 					passed[rank][b].Add(1)
@@ -345,7 +373,11 @@ func Barrier(ctx context.Context, cfg BarrierConfig) (Stats, error) {
 	end()
 	st, err := r.result()
 	if err == nil && cc != nil {
-		err = cc.result(cfg.Ranks, cfg.Rounds/2)
+		calls := cfg.Rounds / 2
+		if cfg.Calls.perBarrier() {
+			calls = cfg.Rounds
+		}
+		err = cc.result(cfg.Ranks, calls)
 	}
 	return st, err
 }

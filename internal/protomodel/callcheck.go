@@ -33,7 +33,31 @@ const (
 	// its next barrier, when rank t may have published its next call: the round is never
 	// found again (a deadlock).
 	CallLate
+	// CallHalves is the check a one-shot without an exit barrier would need: every barrier
+	// is a call's entry, and lane 0 publishes into one of two sets of words, the one the
+	// parity of the round picks; lane t loads rank t's words of that set after the barrier
+	// and tests them before the block's next arrival, as CallChecked. Rank t publishes its
+	// next call into the other set, and the one after only once this rank has arrived at
+	// the next barrier, after its test.
+	CallHalves
+	// CallOneSet is deliberately broken: every barrier a call's entry, as CallHalves, but
+	// one set of words, so rank t may publish its next call over the one this rank's lane
+	// has not loaded yet: its round is never found again (a deadlock) or, with differing
+	// calls, a report of the wrong call.
+	CallOneSet
 )
+
+// perBarrier reports whether every barrier is a call's entry (no exit barrier).
+func (v CallVariant) perBarrier() bool { return v == CallHalves || v == CallOneSet }
+
+// half is the set of call words a call of round val uses: the parity of val with
+// CallHalves, else the one set.
+func (v CallVariant) half(val uint32) int {
+	if v == CallHalves {
+		return int(val & 1)
+	}
+	return 0
+}
 
 // String names the variant.
 func (v CallVariant) String() string {
@@ -46,6 +70,10 @@ func (v CallVariant) String() string {
 		return "untagged"
 	case CallLate:
 		return "late"
+	case CallHalves:
+		return "halves"
+	case CallOneSet:
+		return "one-set"
 	}
 	return fmt.Sprintf("CallVariant(%d)", int(v))
 }
@@ -85,8 +113,9 @@ func (p *publisher) publish(val uint32) {
 			w[i] &= 0xFFFF
 		}
 	}
+	h := p.variant.half(val)
 	for _, i := range p.rng.Perm(4) {
-		p.pending = append(p.pending, pendingStore{callWord(i), w[i]})
+		p.pending = append(p.pending, pendingStore{callWord(4*h + i), w[i]})
 	}
 }
 
@@ -117,17 +146,19 @@ type callChecker struct {
 	reports    []callReport
 }
 
-// load reads rank t's call word by word, with the block's delays between the words (a
-// vector load that may see a store land in between). The lane of the own rank (t == rank)
-// also sees its block's pending stores: in the kernel the entry barrier's bar.red orders
-// thread 0's store before every lane's load after it.
-func (cc *callChecker) load(rank, t int, j *jitter, pub *publisher) [4]uint32 {
+// load reads rank t's call of round val word by word (from the set of words val picks),
+// with the block's delays between the words (a vector load that may see a store land in
+// between). The lane of the own rank (t == rank) also sees its block's pending stores: in
+// the kernel the entry barrier's bar.red orders thread 0's store before every lane's load
+// after it.
+func (cc *callChecker) load(rank, t int, val uint32, j *jitter, pub *publisher) [4]uint32 {
 	var w [4]uint32
+	h := cc.variant.half(val)
 	for i := range w {
-		w[i] = cc.m.sig[t][callWord(i)].Load()
+		w[i] = cc.m.sig[t][callWord(4*h+i)].Load()
 		if t == rank {
 			for _, st := range pub.pending {
-				if st.word == callWord(i) {
+				if st.word == callWord(4*h+i) {
 					w[i] = st.value
 				}
 			}
@@ -178,12 +209,13 @@ func (cc *callChecker) check(rank, t, c int, val uint32, loaded [4]uint32, j *ji
 			cc.m.run.unpub.Add(1)
 		}
 		if cc.m.run.stopped() {
+			h := cc.variant.half(val)
 			cc.m.run.blocked(Wait{Rank: rank, Block: 0, Peer: t, Slot: fmt.Sprintf("call of rank %d", t),
-				Want: want[0], Holds: cc.m.sig[t][callWord(0)].Load()})
+				Want: want[0], Holds: cc.m.sig[t][callWord(4*h)].Load()})
 			return false
 		}
 		j.idle()
-		loaded = cc.load(rank, t, j, pub)
+		loaded = cc.load(rank, t, val, j, pub)
 	}
 }
 

@@ -109,9 +109,11 @@
 // own grid, so the blocks' rounds drift apart. No block may read another call's
 // data while calls stage ahead of slow peers (Stats.Ahead); the broken layouts
 // BlockRegionsOnly (one half) and ElemParity (halves indexed by element, with
-// VaryGrid) must be caught reading another call's data. The call check's words
-// would need the same halves; the model does not run them without the exit
-// barrier.
+// VaryGrid) must be caught reading another call's data. The call check then
+// needs halves too (BarrierConfig.Calls = CallHalves: every barrier a call's
+// entry, the words in the set the round's parity picks); with one set
+// (CallOneSet) a peer's next call lands over the one a lane has not loaded yet
+// and must be caught.
 //
 // Residency (Residency). The runs above assume every block runs; with ranks
 // sharing a GPU that needs every block they wait for to be resident, and PDL

@@ -381,6 +381,10 @@ func TestConfigErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "SplitEarly is a SplitExit")
 	assert.Equal(t, []string{"host-copy", "kernel-staged", "staged-no-release", "staged-no-bar-sync", "staged-no-acquire", "staged-after-barrier", "staged-other-block", "StageVariant(9)"},
 		[]string{HostCopy.String(), KernelStaged.String(), StagedNoRelease.String(), StagedNoBarSync.String(), StagedNoAcquire.String(), StagedAfterBarrier.String(), StagedOtherBlock.String(), StageVariant(9).String()})
+	assert.Equal(t, []string{"shared-buffer", "block-parity", "block-regions-only", "elem-parity", "RegionLayout(4)"},
+		[]string{SharedBuffer.String(), BlockParity.String(), BlockRegionsOnly.String(), ElemParity.String(), RegionLayout(4).String()})
+	assert.Equal(t, []string{"none", "checked", "untagged", "late", "halves", "one-set", "CallVariant(6)"},
+		[]string{NoCallCheck.String(), CallChecked.String(), CallUntagged.String(), CallLate.String(), CallHalves.String(), CallOneSet.String(), CallVariant(6).String()})
 }
 
 // TestCallCheck runs the kernels' call check over both barriers: ranks that make the same
@@ -404,6 +408,39 @@ func TestCallCheck(t *testing.T) {
 				assert.Positive(t, st.Ahead)
 			})
 		}
+	}
+}
+
+// TestCallCheckHalves runs the call check a one-shot without an exit barrier would need: every
+// barrier a call's entry, the words in the set the round's parity picks. Same outcome as the
+// kernels' check; with one set of words a peer's next call lands over the one a lane has not
+// loaded yet and must be caught (a deadlock, or a report of the wrong call).
+func TestCallCheckHalves(t *testing.T) {
+	for _, v := range []BarrierVariant{TwoPhase, Counting} {
+		for _, c := range []BarrierConfig{
+			{Ranks: 2, Blocks: 2, Rounds: 400, Mismatches: []int{3, 50, 51, 150}},
+			{Ranks: 3, Blocks: 2, Rounds: 300, Start: nearWrap, Mismatches: []int{0, 1, 2, 40}},
+			{Ranks: 8, Blocks: 1, Rounds: 120, Start: nearWrap, Mismatches: []int{7, 8, 9}},
+		} {
+			t.Run(fmt.Sprintf("%v_ws%d_b%d_start%#x", v, c.Ranks, c.Blocks, c.Start), func(t *testing.T) {
+				c.Variant, c.Calls, c.Seed = v, CallHalves, uint64(c.Ranks)
+				st, err := Barrier(testContext(t), c)
+				require.NoError(t, err)
+				assert.Equal(t, c.Ranks*c.Blocks*c.Rounds, st.Rounds)
+				assert.Positive(t, st.Unpublished, "no check met a call that was not visible yet: the schedule did not test the reload")
+				assert.Positive(t, st.Ahead)
+			})
+		}
+		t.Run(fmt.Sprintf("one_set_%v", v), func(t *testing.T) {
+			_, err := catch(t, func(seed uint64) (Stats, error) {
+				return Barrier(testContext(t), BarrierConfig{Ranks: 3, Blocks: 2, Rounds: 600, Variant: v, Calls: CallOneSet,
+					Mismatches: []int{5, 6, 100}, Seed: seed, Stall: brokenStall})
+			})
+			var dl *DeadlockError
+			if !errors.As(err, &dl) {
+				require.ErrorIs(t, err, ErrFalseMismatch)
+			}
+		})
 	}
 }
 
