@@ -277,6 +277,9 @@ func Barrier(ctx context.Context, cfg BarrierConfig) (Stats, error) {
 					pub = &publisher{own: m.sig[rank], variant: cfg.Calls,
 						rng: rand.New(rand.NewPCG(cfg.Seed^0x9E3779B97F4A7C15, uint64(rank)<<8|uint64(b)))}
 					j.drain = pub.drain
+					// the last kernel's end: its call words are visible to the peers' last
+					// checks, which (without an exit barrier) may come after this block is done
+					defer pub.flush()
 				}
 				var loaded [MaxRanks][4]uint32 // rank t's call as lane t loaded it
 				var entry uint32               // the round of the call's entry barrier

@@ -119,6 +119,14 @@ func (p *publisher) publish(val uint32) {
 	}
 }
 
+// flush lands every pending store: the kernel's end, which makes its writes visible.
+func (p *publisher) flush() {
+	for _, st := range p.pending {
+		p.own[st.word].Store(st.value)
+	}
+	p.pending = p.pending[:0]
+}
+
 // drain lets each pending store reach memory with probability 1/4.
 func (p *publisher) drain() {
 	kept := p.pending[:0]
