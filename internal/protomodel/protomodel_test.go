@@ -387,50 +387,41 @@ func TestConfigErrors(t *testing.T) {
 		[]string{NoCallCheck.String(), CallChecked.String(), CallUntagged.String(), CallLate.String(), CallHalves.String(), CallOneSet.String(), CallVariant(6).String()})
 }
 
-// TestCallCheck runs the kernels' call check over both barriers: ranks that make the same
-// call are never reported, and every rank pair whose calls differ is reported by both ranks
-// in block 0 (and in no other block), also when the round numbers wrap; and the schedule really made checks meet
-// a peer's call before it was visible.
+// TestCallCheck runs the kernels' call check over both barriers, and the check a one-shot
+// without an exit barrier would need (CallHalves: every barrier a call's entry, the words in
+// the set the round's parity picks): ranks that make the same call are never reported, and
+// every rank pair whose calls differ is reported by both ranks in block 0 (and in no other
+// block), also when the round numbers wrap; and the schedule really made checks meet a peer's
+// call before it was visible.
 func TestCallCheck(t *testing.T) {
-	for _, v := range []BarrierVariant{TwoPhase, Counting} {
-		for _, c := range []BarrierConfig{
-			{Ranks: 2, Blocks: 2, Rounds: 400, Mismatches: []int{3, 50, 51, 150}},
-			{Ranks: 3, Blocks: 2, Rounds: 300, Start: nearWrap, Mismatches: []int{0, 1, 2, 40}},
-			{Ranks: 4, Blocks: 2, Rounds: 200, Start: 0x1FFF0},
-			{Ranks: 8, Blocks: 1, Rounds: 120, Start: nearWrap, Mismatches: []int{7, 8, 9}},
-		} {
-			t.Run(fmt.Sprintf("%v_ws%d_b%d_start%#x", v, c.Ranks, c.Blocks, c.Start), func(t *testing.T) {
-				c.Variant, c.Calls, c.Seed = v, CallChecked, uint64(c.Ranks)
-				st, err := Barrier(testContext(t), c)
-				require.NoError(t, err)
-				assert.Equal(t, c.Ranks*c.Blocks*c.Rounds, st.Rounds)
-				assert.Positive(t, st.Unpublished, "no check met a call that was not visible yet: the schedule did not test the reload")
-				assert.Positive(t, st.Ahead)
-			})
+	for _, calls := range []CallVariant{CallChecked, CallHalves} {
+		for _, v := range []BarrierVariant{TwoPhase, Counting} {
+			for _, c := range []BarrierConfig{
+				{Ranks: 2, Blocks: 2, Rounds: 400, Mismatches: []int{3, 50, 51, 150}},
+				{Ranks: 3, Blocks: 2, Rounds: 300, Start: nearWrap, Mismatches: []int{0, 1, 2, 40}},
+				{Ranks: 4, Blocks: 2, Rounds: 200, Start: 0x1FFF0},
+				{Ranks: 8, Blocks: 1, Rounds: 120, Start: nearWrap, Mismatches: []int{7, 8, 9}},
+			} {
+				t.Run(fmt.Sprintf("%v_%v_ws%d_b%d_start%#x", calls, v, c.Ranks, c.Blocks, c.Start), func(t *testing.T) {
+					c.Variant, c.Calls, c.Seed = v, calls, uint64(c.Ranks)
+					st, err := Barrier(testContext(t), c)
+					require.NoError(t, err)
+					assert.Equal(t, c.Ranks*c.Blocks*c.Rounds, st.Rounds)
+					assert.Positive(t, st.Unpublished, "no check met a call that was not visible yet: the schedule did not test the reload")
+					assert.Positive(t, st.Ahead)
+				})
+			}
 		}
 	}
 }
 
-// TestCallCheckHalves runs the call check a one-shot without an exit barrier would need: every
-// barrier a call's entry, the words in the set the round's parity picks. Same outcome as the
-// kernels' check; with one set of words a peer's next call lands over the one a lane has not
-// loaded yet and must be caught (a deadlock, or a report of the wrong call).
-func TestCallCheckHalves(t *testing.T) {
+// TestCallCheckBrokenCaught: words without the round's tag make a peer's previous call count
+// as its call (a false mismatch); a check after the lane's next arrival may meet the peer's
+// next call and never find this round's (a deadlock); without an exit barrier, one set of
+// words lets a peer's next call land over the one a lane has not loaded yet (a deadlock, or a
+// report of the wrong call).
+func TestCallCheckBrokenCaught(t *testing.T) {
 	for _, v := range []BarrierVariant{TwoPhase, Counting} {
-		for _, c := range []BarrierConfig{
-			{Ranks: 2, Blocks: 2, Rounds: 400, Mismatches: []int{3, 50, 51, 150}},
-			{Ranks: 3, Blocks: 2, Rounds: 300, Start: nearWrap, Mismatches: []int{0, 1, 2, 40}},
-			{Ranks: 8, Blocks: 1, Rounds: 120, Start: nearWrap, Mismatches: []int{7, 8, 9}},
-		} {
-			t.Run(fmt.Sprintf("%v_ws%d_b%d_start%#x", v, c.Ranks, c.Blocks, c.Start), func(t *testing.T) {
-				c.Variant, c.Calls, c.Seed = v, CallHalves, uint64(c.Ranks)
-				st, err := Barrier(testContext(t), c)
-				require.NoError(t, err)
-				assert.Equal(t, c.Ranks*c.Blocks*c.Rounds, st.Rounds)
-				assert.Positive(t, st.Unpublished, "no check met a call that was not visible yet: the schedule did not test the reload")
-				assert.Positive(t, st.Ahead)
-			})
-		}
 		t.Run(fmt.Sprintf("one_set_%v", v), func(t *testing.T) {
 			_, err := catch(t, func(seed uint64) (Stats, error) {
 				return Barrier(testContext(t), BarrierConfig{Ranks: 3, Blocks: 2, Rounds: 600, Variant: v, Calls: CallOneSet,
@@ -441,14 +432,6 @@ func TestCallCheckHalves(t *testing.T) {
 				require.ErrorIs(t, err, ErrFalseMismatch)
 			}
 		})
-	}
-}
-
-// TestCallCheckBrokenCaught: words without the round's tag make a peer's previous call count
-// as its call (a false mismatch); a check after the lane's next arrival may meet the peer's
-// next call and never find this round's (a deadlock).
-func TestCallCheckBrokenCaught(t *testing.T) {
-	for _, v := range []BarrierVariant{TwoPhase, Counting} {
 		t.Run(fmt.Sprintf("untagged_%v", v), func(t *testing.T) {
 			_, err := catch(t, func(seed uint64) (Stats, error) {
 				// from a history of calls (Start): the stale words are a previous call's
