@@ -163,8 +163,9 @@ func (m *oneShotModel) regionIndex(parity uint32, b, pos, elem int) int {
 
 // OneShot runs the one-shot model. Every rank runs Rounds calls in stream order, each
 // writing the call's data into the buffer its peers read (Stage: a copy before the kernel,
-// or the kernel's own staging), then a kernel of Blocks goroutines: entry barrier, a
-// grid-stride loop reading every rank's buffer, and the exit barrier when ExitBarrier is set.
+// or the kernel's own staging, into the place Regions says), then a kernel of Blocks
+// goroutines (or the call's own grid, VaryGrid): entry barrier, a grid-stride loop reading
+// every rank's buffer, and the exit barrier when ExitBarrier is set.
 // Input elements of call k hold k+1, so every read checks that it saw this call's data. It
 // returns ErrStaleRead, a *DeadlockError, or the context's error, with what the run
 // exercised; Stats.Ahead counts calls whose staging began while a peer block was still
