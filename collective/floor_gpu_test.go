@@ -410,7 +410,7 @@ func benchForkJoin(b *testing.B, ws int, opts collective.Options, nbytes int, re
 }
 
 // benchForkJoinRule is benchForkJoin with rule (if not nil) applied to every rank's
-// communicator before its first call: collective.SetEarlyTrigger.
+// communicator before its first call: collective.SetEarlyTrigger and SetEntryTrigger.
 func benchForkJoinRule(b *testing.B, ws int, opts collective.Options, nbytes int, registerOutput, inPlace bool, rule func(*collective.Comm)) {
 	g := newGroup(b, virtualRanks(ws), opts, uint64(nbytes))
 	if rule != nil {
