@@ -288,7 +288,7 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 		case err != nil:
 			return err
 		}
-		t = c.step(StartupTopology, t)
+		c.step(StartupTopology, t) // prepareCustom times its own steps from here
 	}
 	fd := -1
 	if c.custom {

@@ -337,8 +337,17 @@ func (e *ncclEngine) check() (failed bool) {
 	if e.err != nil {
 		return false
 	}
-	for len(e.pending) > 0 {
-		p := &e.pending[0]
+	// The completed calls leave from the front of the queue; what is left moves to the front
+	// of the same array, so that the queue's array serves every call after the first few
+	// (reslicing past them would shrink it until every call allocated a new one).
+	completed := 0
+	defer func() {
+		n := copy(e.pending, e.pending[completed:])
+		clear(e.pending[n:])
+		e.pending = e.pending[:n]
+	}()
+	for completed < len(e.pending) {
+		p := &e.pending[completed]
 		done, err := p.end.Query()
 		if err != nil {
 			return e.failLocked(err)
@@ -362,7 +371,7 @@ func (e *ncclEngine) check() (failed bool) {
 			break
 		}
 		e.spare = append(e.spare, p.start, p.end)
-		e.pending = e.pending[1:]
+		completed++
 	}
 	if err := e.comm.AsyncError(); err != nil && !errors.Is(err, nccl.ErrInProgress) && !errors.Is(err, nccl.ErrClosed) {
 		return e.failLocked(err)

@@ -326,3 +326,45 @@ func TestNCCLReplayLimitSaturates(t *testing.T) {
 	require.Len(t, e.pending, 1)
 	assert.Equal(t, time.Duration(math.MaxInt64), e.pending[0].limit)
 }
+
+// TestNCCLCallsAllocateNothing: an eager all-reduce handed to NCCL, followed by the watchdog
+// until it completes, allocates nothing once the engine has its events: a service calls it
+// thousands of times a second, and garbage there is GC work on its hot path. The calls here
+// complete one by one, as a stream drains them, with the watchdog's checks in between.
+func TestNCCLCallsAllocateNothing(t *testing.T) {
+	gpu := &fakeGPU{}
+	e := fakeEngine(t, &fakeNCCL{}, gpu, time.Hour)
+	stream := &driver.Stream{}
+	call := func() {
+		if err := e.allReduce(stream, 0x1000, 0x2000, 1<<10, BFloat16, true); err != nil {
+			t.Fatal(err)
+		}
+		gpu.finish(gpu.queued)
+		if e.check() {
+			t.Fatal("the engine failed")
+		}
+	}
+	for range 64 {
+		call() // the engine's events and its queue reach their working size
+	}
+	assert.Zero(t, testing.AllocsPerRun(1000, call), "allocations per call")
+
+	// Calls that pile up before the stream drains (a burst of eager calls) allocate only
+	// while the queue grows past its largest size so far.
+	burst := func() {
+		for range 32 {
+			if err := e.allReduce(stream, 0x1000, 0x2000, 1<<10, BFloat16, true); err != nil {
+				t.Fatal(err)
+			}
+		}
+		gpu.finish(gpu.queued)
+		if e.check() {
+			t.Fatal("the engine failed")
+		}
+	}
+	burst()
+	assert.Zero(t, testing.AllocsPerRun(100, burst), "allocations per burst of 32 calls")
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	assert.Empty(t, e.pending, "every completed call left the queue")
+}
