@@ -612,63 +612,92 @@ func (c *Comm) validateFused(stream *driver.Stream, a FusedArgs) (int64, error) 
 	// rows < 2^24 and a row is at most 64 KiB: the product fits an int64.
 	rowBytes := int64(a.Hidden) * int64(dt.Size())
 	nbytes := int64(a.Rows) * rowBytes
-	type buffer struct {
-		name string
-		ptr  driver.DevicePtr
-		n    uint64
+	set, err := a.buffers(nbytes, rowBytes)
+	if err != nil {
+		return 0, err
 	}
-	bufs := []buffer{{"In", a.In, uint64(nbytes)}, {"ResidualOut", a.ResidualOut, uint64(nbytes)}, {"Residual", a.Residual, uint64(nbytes)}}
-	if !a.NoNorm {
-		bufs = append(bufs, buffer{"NormOut", a.NormOut, uint64(nbytes)}, buffer{"Gamma", a.Gamma, uint64(rowBytes)})
-	}
-	for _, b := range bufs {
-		switch {
-		case b.ptr == 0:
-			return 0, invalid("nil %s", b.name)
-		case b.ptr%ptx.VectorBytes != 0:
-			return 0, invalid("%s %#x is not 16-byte aligned", b.name, uint64(b.ptr))
-		case uint64(b.ptr) > math.MaxUint64-b.n:
-			return 0, invalid("%s %#x of %d bytes wraps around the address space", b.name, uint64(b.ptr), b.n)
-		}
-	}
-	n := uint64(nbytes)
-	// ResidualOut is written: it may be exactly Residual or In (each element is read before
-	// the same thread writes it, and In is staged or read only before the peers are done
-	// with it), and must not touch anything else it could corrupt before it is read.
-	for _, b := range []buffer{{"Residual", a.Residual, n}, {"In", a.In, n}} {
-		if b.ptr != a.ResidualOut && overlap2(a.ResidualOut, n, b.ptr, b.n) {
-			return 0, invalid("ResidualOut %#x and %s %#x overlap without being equal (%d bytes): pass the same buffer, or buffers that do not overlap", uint64(a.ResidualOut), b.name, uint64(b.ptr), n)
-		}
-	}
-	if !a.NoNorm {
-		if overlap2(a.ResidualOut, n, a.Gamma, uint64(rowBytes)) {
-			return 0, invalid("Gamma %#x overlaps ResidualOut %#x: pass a weight of its own", uint64(a.Gamma), uint64(a.ResidualOut))
-		}
-		// NormOut is written from rows of ResidualOut that other threads (and, through In,
-		// other ranks) may still read: it overlaps nothing.
-		for _, b := range bufs {
-			if b.name != "NormOut" && overlap2(a.NormOut, n, b.ptr, b.n) {
-				return 0, invalid("NormOut %#x overlaps %s %#x: pass an output of its own", uint64(a.NormOut), b.name, uint64(b.ptr))
-			}
-		}
-	}
+	bufs := set.list()
 	switch {
 	case stream == nil:
 		return 0, invalid("nil stream")
 	case stream.Context().Device() != c.dev:
 		return 0, invalid("stream belongs to device %d, this rank runs on device %d", stream.Context().Device(), c.dev)
 	}
-	checked := map[driver.DevicePtr]bool{}
-	for _, b := range bufs {
-		if checked[b.ptr] {
-			continue
+	// Each pointer once: ResidualOut may be Residual or In.
+next:
+	for i, b := range bufs {
+		for _, earlier := range bufs[:i] {
+			if earlier.ptr == b.ptr {
+				continue next
+			}
 		}
-		checked[b.ptr] = true
 		if err := c.checkPointer(b.name, b.ptr, b.n); err != nil {
 			return 0, err
 		}
 	}
 	return nbytes, nil
+}
+
+// fusedBuffer is one buffer of a fused call, as validateFused checks it.
+type fusedBuffer struct {
+	name string
+	ptr  driver.DevicePtr
+	n    uint64
+}
+
+// fusedBuffers are the buffers of a fused call, held by value: the check runs for every
+// layer, and a slice grown by append would allocate each time.
+type fusedBuffers struct {
+	b [5]fusedBuffer
+	n int
+}
+
+// list returns the buffers, backed by f.
+func (f *fusedBuffers) list() []fusedBuffer { return f.b[:f.n] }
+
+// buffers returns the call's buffers (In, ResidualOut, Residual, and with the norm NormOut
+// and Gamma) of nbytes each (Gamma of rowBytes), checked as far as that needs no driver:
+// none nil, each 16-byte aligned and within the address space, and only the overlaps the
+// kernels allow.
+func (a *FusedArgs) buffers(nbytes, rowBytes int64) (fusedBuffers, error) {
+	set := fusedBuffers{b: [5]fusedBuffer{{"In", a.In, uint64(nbytes)}, {"ResidualOut", a.ResidualOut, uint64(nbytes)},
+		{"Residual", a.Residual, uint64(nbytes)}, {"NormOut", a.NormOut, uint64(nbytes)}, {"Gamma", a.Gamma, uint64(rowBytes)}}, n: 5}
+	if a.NoNorm {
+		set.n = 3
+	}
+	bufs := set.list()
+	for _, b := range bufs {
+		switch {
+		case b.ptr == 0:
+			return fusedBuffers{}, invalid("nil %s", b.name)
+		case b.ptr%ptx.VectorBytes != 0:
+			return fusedBuffers{}, invalid("%s %#x is not 16-byte aligned", b.name, uint64(b.ptr))
+		case uint64(b.ptr) > math.MaxUint64-b.n:
+			return fusedBuffers{}, invalid("%s %#x of %d bytes wraps around the address space", b.name, uint64(b.ptr), b.n)
+		}
+	}
+	n := uint64(nbytes)
+	// ResidualOut is written: it may be exactly Residual or In (each element is read before
+	// the same thread writes it, and In is staged or read only before the peers are done
+	// with it), and must not touch anything else it could corrupt before it is read.
+	for _, b := range [...]fusedBuffer{{"Residual", a.Residual, n}, {"In", a.In, n}} {
+		if b.ptr != a.ResidualOut && overlap2(a.ResidualOut, n, b.ptr, b.n) {
+			return fusedBuffers{}, invalid("ResidualOut %#x and %s %#x overlap without being equal (%d bytes): pass the same buffer, or buffers that do not overlap", uint64(a.ResidualOut), b.name, uint64(b.ptr), n)
+		}
+	}
+	if !a.NoNorm {
+		if overlap2(a.ResidualOut, n, a.Gamma, uint64(rowBytes)) {
+			return fusedBuffers{}, invalid("Gamma %#x overlaps ResidualOut %#x: pass a weight of its own", uint64(a.Gamma), uint64(a.ResidualOut))
+		}
+		// NormOut is written from rows of ResidualOut that other threads (and, through In,
+		// other ranks) may still read: it overlaps nothing.
+		for _, b := range bufs {
+			if b.name != "NormOut" && overlap2(a.NormOut, n, b.ptr, b.n) {
+				return fusedBuffers{}, invalid("NormOut %#x overlaps %s %#x: pass an output of its own", uint64(a.NormOut), b.name, uint64(b.ptr))
+			}
+		}
+	}
+	return set, nil
 }
 
 // overlap2 reports whether [a, a+an) and [b, b+bn) share a byte.

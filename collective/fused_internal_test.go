@@ -404,3 +404,32 @@ func TestCallNamesTheRoute(t *testing.T) {
 	assert.Equal(t, ptx.Call{Op: ptx.OpAllReduce, Algo: ptx.TwoShot, DType: BFloat16, Count: 1 << 16, Direct: true}, ptx.DecodeCall(direct))
 	assert.NotEqual(t, allReduceCall(ptx.OneShot, BFloat16, 8, true, false), allReduceCall(ptx.OneShot, BFloat16, 8, false, false), "staged")
 }
+
+// TestFusedBuffersAllocateNothing: the check of a fused call's buffers, which runs for every
+// layer, allocates nothing for good arguments, with the norm and without.
+func TestFusedBuffersAllocateNothing(t *testing.T) {
+	const p, h, rows = 0x7f0000000000, 4096, 4
+	const n = rows * h * 2 // bytes of each bf16 buffer
+	for _, noNorm := range []bool{false, true} {
+		a := FusedArgs{In: p, Residual: p + n, ResidualOut: p + n, NormOut: p + 2*n, Gamma: p + 3*n,
+			Rows: rows, Hidden: h, Eps: 1e-6, DType: BFloat16, NoNorm: noNorm}
+		allocs := testing.AllocsPerRun(100, func() {
+			if _, err := a.buffers(n, h*2); err != nil {
+				t.Fatal(err)
+			}
+		})
+		assert.Zero(t, allocs, "NoNorm %v", noNorm)
+		set, err := a.buffers(n, h*2)
+		require.NoError(t, err)
+		got := set.list()
+		want := []string{"In", "ResidualOut", "Residual", "NormOut", "Gamma"}
+		if noNorm {
+			want = want[:3]
+		}
+		var names []string
+		for _, b := range got {
+			names = append(names, b.name)
+		}
+		assert.Equal(t, want, names, "NoNorm %v", noNorm)
+	}
+}

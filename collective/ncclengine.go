@@ -281,6 +281,13 @@ func (e *ncclEngine) replay(stream *driver.Stream, launch func() error, calls in
 // record records an event (a spare one, else a new one) at the current end of stream.
 func (e *ncclEngine) record(stream *driver.Stream) (streamEvent, error) {
 	e.mu.Lock()
+	if len(e.spare) == 0 && e.err == nil {
+		// The watchdog retires calls only every few milliseconds: without this, calls made
+		// faster than that would each create two events until its next check, and the spare
+		// events would pile up to the calls of a check's period instead of those in flight.
+		// A failed query is left to the watchdog, which fails the engine on it.
+		_, _ = e.retireLocked()
+	}
 	var ev streamEvent
 	if n := len(e.spare); n > 0 {
 		ev, e.spare = e.spare[n-1], e.spare[:n-1]
@@ -337,46 +344,55 @@ func (e *ncclEngine) check() (failed bool) {
 	if e.err != nil {
 		return false
 	}
-	// The completed calls leave from the front of the queue; what is left moves to the front
-	// of the same array, so that the queue's array serves every call after the first few
-	// (reslicing past them would shrink it until every call allocated a new one).
-	completed := 0
-	defer func() {
-		n := copy(e.pending, e.pending[completed:])
-		clear(e.pending[n:])
-		e.pending = e.pending[:n]
-	}()
-	for completed < len(e.pending) {
-		p := &e.pending[completed]
-		done, err := p.end.Query()
-		if err != nil {
-			return e.failLocked(err)
-		}
-		if !done {
-			// Only the oldest call is followed: a later one waits inside NCCL for it, and its
-			// time counts once it is the oldest, from when its stream has reached it.
-			if p.began.IsZero() {
-				started, err := p.start.Query()
-				if err != nil {
-					return e.failLocked(err)
-				}
-				if !started {
-					break // work queued ahead of it on its stream is still running
-				}
+	oldest, err := e.retireLocked()
+	if err != nil {
+		return e.failLocked(err)
+	}
+	// Only the oldest call is followed: a later one waits inside NCCL for it, and its time
+	// counts once it is the oldest, from when its stream has reached it.
+	if p := oldest; p != nil {
+		if p.began.IsZero() {
+			started, err := p.start.Query()
+			if err != nil {
+				return e.failLocked(err)
+			}
+			if started {
 				p.began = time.Now()
 			}
-			if p.limit > 0 && time.Since(p.began) > p.limit {
-				return e.failLocked(fmt.Errorf("%w: %s has not completed %v after it could start (a peer missing, stuck or dead?)", ErrTimeout, p.what, time.Since(p.began).Round(time.Millisecond)))
-			}
-			break
 		}
-		e.spare = append(e.spare, p.start, p.end)
-		completed++
+		if !p.began.IsZero() && p.limit > 0 && time.Since(p.began) > p.limit {
+			return e.failLocked(fmt.Errorf("%w: %s has not completed %v after it could start (a peer missing, stuck or dead?)", ErrTimeout, p.what, time.Since(p.began).Round(time.Millisecond)))
+		}
 	}
 	if err := e.comm.AsyncError(); err != nil && !errors.Is(err, nccl.ErrInProgress) && !errors.Is(err, nccl.ErrClosed) {
 		return e.failLocked(err)
 	}
 	return false
+}
+
+// retireLocked moves the events of the completed calls at the front of the queue to spare
+// and returns the oldest call still running (nil when none is). What is left moves to the
+// front of the queue's array, so that the array serves every call after the first few
+// (reslicing past the completed calls would shrink it until every call allocated a new one).
+// An error is an event's query failing; the calls before it are retired.
+func (e *ncclEngine) retireLocked() (oldest *pendingCall, err error) {
+	completed := 0
+	for ; completed < len(e.pending); completed++ {
+		p := &e.pending[completed]
+		done, qerr := p.end.Query()
+		if qerr != nil || !done {
+			err = qerr
+			break
+		}
+		e.spare = append(e.spare, p.start, p.end)
+	}
+	n := copy(e.pending, e.pending[completed:])
+	clear(e.pending[n:])
+	e.pending = e.pending[:n]
+	if n > 0 && err == nil {
+		oldest = &e.pending[0]
+	}
+	return oldest, err
 }
 
 // fail records err as the engine's failure, if it is the first, and aborts the communicator.

@@ -91,6 +91,8 @@ type fakeGPU struct {
 	done       int
 	abortedPos int // work up to here ends at an abort (NCCL's kernels); 0: none
 	stuck      int // pieces from here on (NCCL's, waiting for a dead peer) never finish unless aborted; 0: none
+
+	events atomic.Int32 // events created
 }
 
 // enqueue queues one piece of work and returns its position.
@@ -119,7 +121,10 @@ func (g *fakeGPU) abort() {
 	g.done = max(g.done, g.queued)
 }
 
-func (g *fakeGPU) newEvent() (streamEvent, error) { return &fakeEvent{gpu: g}, nil }
+func (g *fakeGPU) newEvent() (streamEvent, error) {
+	g.events.Add(1)
+	return &fakeEvent{gpu: g}, nil
+}
 
 type fakeEvent struct {
 	gpu    *fakeGPU
@@ -365,6 +370,25 @@ func TestNCCLCallsAllocateNothing(t *testing.T) {
 	burst()
 	assert.Zero(t, testing.AllocsPerRun(100, burst), "allocations per burst of 32 calls")
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	assert.Empty(t, e.pending, "every completed call left the queue")
+	e.mu.Unlock()
+}
+
+// TestNCCLEventsFollowCallsInFlight: the events that follow calls handed to NCCL are as many
+// as the calls in flight need, however fast the calls come: a call that finds no spare event
+// retires the completed calls itself instead of creating events until the watchdog's next
+// check.
+func TestNCCLEventsFollowCallsInFlight(t *testing.T) {
+	gpu := &fakeGPU{}
+	e := fakeEngine(t, &fakeNCCL{}, gpu, time.Hour)
+	stream := &driver.Stream{}
+	for i := range 1000 {
+		require.NoError(t, e.allReduce(stream, 0x1000, 0x2000, 1<<10, BFloat16, true))
+		if i%4 == 3 {
+			gpu.finish(gpu.queued) // the stream drains every four calls
+		}
+	}
+	// Four calls in flight follow with eight events; the spare ones of the four before, and a
+	// check's timing, may add as many again.
+	assert.LessOrEqual(t, gpu.events.Load(), int32(16), "events created for 1000 calls, at most 4 in flight")
 }
