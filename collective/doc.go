@@ -104,4 +104,8 @@
 // since each kernel's barrier pairs with the peers' kernel of the same call. Close waits for
 // this communicator's own queued work (bounded by twice Options.Timeout plus a few seconds),
 // never for the rest of the context's, and frees nothing if that work is still running.
+//
+// After a communicator's first calls, its eager calls (AllReduce, AllReduceResidualRMSNorm,
+// ResidualRMSNorm, and calls handed to NCCL) allocate nothing in Go: a service that makes
+// them for every layer adds no work for the garbage collector.
 package collective
