@@ -386,10 +386,12 @@ func (e *ncclEngine) retireLocked() (oldest *pendingCall, err error) {
 		}
 		e.spare = append(e.spare, p.start, p.end)
 	}
-	n := copy(e.pending, e.pending[completed:])
-	clear(e.pending[n:])
-	e.pending = e.pending[:n]
-	if n > 0 && err == nil {
+	if completed > 0 {
+		n := copy(e.pending, e.pending[completed:])
+		clear(e.pending[n:])
+		e.pending = e.pending[:n]
+	}
+	if len(e.pending) > 0 && err == nil {
 		oldest = &e.pending[0]
 	}
 	return oldest, err
