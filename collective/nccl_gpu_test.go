@@ -20,36 +20,45 @@ import (
 
 	"github.com/goccl/goccl/collective"
 	"github.com/goccl/goccl/collective/bootstrap"
+	"github.com/goccl/goccl/driver"
 	"github.com/goccl/goccl/dtype"
-	"github.com/goccl/goccl/internal/gputest"
 	"github.com/goccl/goccl/internal/ref"
 	"github.com/goccl/goccl/nccl"
 )
 
 // requireNCCL skips without a usable GPU or libnccl.
-func requireNCCL(t *testing.T) {
-	t.Helper()
-	requireGPU(t)
+func requireNCCL(tb testing.TB) {
+	tb.Helper()
+	requireGPU(tb)
 	if err := nccl.Load(); err != nil {
-		t.Skipf("no usable libnccl: %v", err)
+		tb.Skipf("no usable libnccl: %v", err)
 	}
+}
+
+// newNCCLOneRank returns a communicator of one rank on device 0 that NCCL alone serves, and a
+// stream of its context; both are closed when the test ends. It skips without a usable GPU
+// or libnccl.
+func newNCCLOneRank(tb testing.TB) (*collective.Comm, *driver.Stream) {
+	tb.Helper()
+	requireNCCL(tb)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	boots, err := bootstrap.NewInProcess(1)
+	require.NoError(tb, err)
+	comm, err := collective.New(ctx, 0, boots[0], collective.Options{NCCL: collective.NCCLAlways})
+	require.NoError(tb, err)
+	tb.Cleanup(func() { comm.Close() })
+	stream, err := comm.Context().NewStream()
+	require.NoError(tb, err)
+	tb.Cleanup(func() { stream.Close() })
+	return comm, stream
 }
 
 // TestNCCLOneRank: a communicator of one rank has no kernels to run, and NCCL serves it.
 func TestNCCLOneRank(t *testing.T) {
-	requireNCCL(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	boots, err := bootstrap.NewInProcess(1)
-	require.NoError(t, err)
-	comm, err := collective.New(ctx, 0, boots[0], collective.Options{NCCL: collective.NCCLAlways})
-	require.NoError(t, err)
-	defer comm.Close()
+	comm, stream := newNCCLOneRank(t)
 	require.Equal(t, collective.NCCL, comm.Selected(16, false))
 	dev := comm.Context()
-	stream, err := dev.NewStream()
-	require.NoError(t, err)
-	defer stream.Close()
 	const nbytes = 1 << 20
 	in, err := dev.Alloc(nbytes)
 	require.NoError(t, err)
@@ -309,21 +318,10 @@ func smallIntegers(rng *mrand.Rand, dt dtype.DType, count int) []byte {
 // that let the watchdog and Close follow the call. "bare" calls package nccl's AllReduce on the
 // same communicator, the binding alone; scripts/bench/nccl_allreduce.c is the C baseline.
 func BenchmarkAllReduceHostNCCL(b *testing.B) {
-	gputest.Require(b)
-	if err := nccl.Load(); err != nil {
-		b.Skipf("no usable libnccl: %v", err)
-	}
+	comm, stream := newNCCLOneRank(b)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	boots, err := bootstrap.NewInProcess(1)
-	require.NoError(b, err)
-	comm, err := collective.New(ctx, 0, boots[0], collective.Options{NCCL: collective.NCCLAlways})
-	require.NoError(b, err)
-	defer comm.Close()
 	dev := comm.Context()
-	stream, err := dev.NewStream()
-	require.NoError(b, err)
-	defer stream.Close()
 	const count = 8 << 10
 	buf, err := dev.Alloc(2 * count)
 	require.NoError(b, err)
