@@ -344,6 +344,44 @@ func (k *kernel) ThreadsPerBlock() int { return ThreadsPerBlock }
 // TreeOffsets are the shfl.down distances of the warp's sum tree, in order.
 func (k *kernel) TreeOffsets() []int { return []int{16, 8, 4, 2, 1} }
 
+// blockWarps is the most warps of a block (ThreadsPerBlock / 32): the entries of the kernels'
+// shared warp sums (wsum).
+const blockWarps = ThreadsPerBlock / 32
+
+// BlockWarps is blockWarps, for the templates.
+func (k *kernel) BlockWarps() int { return blockWarps }
+
+// treeAdd is one add of warpsumtree: entry Dst += entry Src.
+type treeAdd struct{ Dst, Src int }
+
+// WarpSumTree lists, in order, the adds by which every thread of a block sums the block's
+// blockWarps warp sums in registers: TreeOffsets' tree (lane l adds lane l+d) from d = 8 on.
+// Its first step, d = 16, adds the reference's +0 padding from 16 to 32 entries, which leaves
+// every warp sum as it is (a sum of squares from +0 is never -0, and a NaN that add.rn made is
+// already the canonical one), so it has no add here.
+func (k *kernel) WarpSumTree() []treeAdd {
+	var adds []treeAdd
+	for _, d := range k.TreeOffsets() {
+		if d >= blockWarps {
+			continue
+		}
+		for l := range d {
+			adds = append(adds, treeAdd{l, l + d})
+		}
+	}
+	return adds
+}
+
+// WarpSumVectors lists the first entries of wsum's 16-byte vectors, for the loads of
+// warpsumtree.
+func (k *kernel) WarpSumVectors() []int {
+	v := make([]int, 0, blockWarps/4)
+	for i := 0; i < blockWarps; i += 4 {
+		v = append(v, i)
+	}
+	return v
+}
+
 // PrefetchNext reports whether the row's sum pass pulls each thread's next vector of every
 // input and of the residual into L1 while it sums one, for the templates: only in the
 // single-rank RMSNorm kernel (the unfused pair's second kernel, and NCCL's route for the fused

@@ -117,26 +117,53 @@ func TestFusedPTXAssembles(t *testing.T) {
 
 // TestFusedArithmetic checks in the text what internal/ref.Fused relies on: IEEE-exact
 // instructions only (no fma, no approximation, no flush to zero), the norm's steps in order,
-// and the warp tree's shuffle distances 16, 8, 4, 2, 1 in every block sum.
+// and the sum tree of every block sum: each warp's by shuffles at distances 16, 8, 4, 2, 1,
+// then the warp sums' by the same tree, in registers (warpsumtree) where one block holds the
+// row and by shuffles again where the row's blocks meet (rowsync).
 func TestFusedArithmetic(t *testing.T) {
-	shfl := regexp.MustCompile(`shfl\.sync\.down\.b32 %x, %ss, (\d+),`)
-	// blockSums: the block sums (or row meetings) over %ss; invs: the reciprocals taken from
-	// them (the Columns kernel's two rows at once sum the second row in %ssb and take two)
-	check := func(name string, src []byte, blockSums, invs int) {
+	// the warp sums' tree in registers into sum: the loads of wsum (or wsumb), the adds of
+	// lane l+d into lane l for d = 8, 4, 2, 1 (d = 16 adds the +0 padding: see WarpSumTree),
+	// in that order and nothing else between them
+	registerTree := func(sum string) *regexp.Regexp {
+		var b strings.Builder
+		b.WriteString(`mov\.u64 %wa, wsumb?;`)
+		for i := 0; i < 16; i += 4 {
+			fmt.Fprintf(&b, `\s+ld\.shared\.v4\.f32 \{%%w%d, %%w%d, %%w%d, %%w%d\}, \[%%wa\+%d\];`, i, i+1, i+2, i+3, 4*i)
+		}
+		for _, d := range []int{8, 4, 2, 1} {
+			for l := range d {
+				fmt.Fprintf(&b, `\s+add\.rn\.f32 %%w%d, %%w%d, %%w%d;`, l, l, l+d)
+			}
+		}
+		fmt.Fprintf(&b, `\s+mov\.f32 %s, %%w0;`, regexp.QuoteMeta(sum))
+		return regexp.MustCompile(b.String())
+	}
+	// trees: the shuffle trees over sum, at distances 16 .. 1 each
+	trees := func(text, sum string) int {
+		var dists []string
+		for _, m := range regexp.MustCompile(`shfl\.sync\.down\.b32 %x, `+regexp.QuoteMeta(sum)+`, (\d+),`).FindAllStringSubmatch(text, -1) {
+			dists = append(dists, m[1])
+		}
+		n := len(dists) / 5
+		want := []string{}
+		for range n {
+			want = append(want, "16", "8", "4", "2", "1")
+		}
+		assert.Equal(t, want, dists, "shuffle distances over %s", sum)
+		return n
+	}
+	// blockSums: the block sums over %ss (a warp tree, then the register tree); meetings: the
+	// rows spread over blocks (rowsync: a warp tree, then a warp tree over the row's warp sums
+	// and lane 0's result to the warp); invs: the reciprocals taken from them (the Columns
+	// kernel's two rows at once sum the second row in %ssb and take two)
+	check := func(name string, src []byte, blockSums, meetings, invs int) {
 		text := code(src)
 		for _, bad := range []string{"fma", "mad.rn", ".approx", ".ftz", "rsqrt", "add.f32", "mul.f32", "div.full"} {
 			assert.False(t, has(text, bad), "%s: %s", name, bad)
 		}
-		var dists []string
-		for _, m := range shfl.FindAllStringSubmatch(text, -1) {
-			dists = append(dists, m[1])
-		}
-		want := []string{}
-		for range 2 * blockSums {
-			want = append(want, "16", "8", "4", "2", "1")
-		}
-		assert.Equal(t, want, dists, name)
-		assert.Equal(t, blockSums, strings.Count(text, "shfl.sync.idx.b32 %ss, %ss, 0,"), name)
+		assert.Equal(t, blockSums+2*meetings, trees(text, "%ss"), "%s: warp trees over %%ss", name)
+		assert.Len(t, registerTree("%ss").FindAllString(text, -1), blockSums, "%s: register trees into %%ss", name)
+		assert.Equal(t, meetings, strings.Count(text, "shfl.sync.idx.b32 %ss, %ss, 0,"), name)
 		steps := regexp.MustCompile(`div\.rn\.f32 %ss, %ss, %hid;\s+add\.rn\.f32 %ss, %ss, %eps;\s+sqrt\.rn\.f32 %ss, %ss;\s+div\.rn\.f32 %inv, 0f3F800000, %ss;`)
 		assert.Len(t, steps.FindAllString(text, -1), invs, "%s: mean, + eps, sqrt, reciprocal", name)
 		// x * inv, then * gamma, per element
@@ -149,32 +176,28 @@ func TestFusedArithmetic(t *testing.T) {
 		require.NoError(t, err)
 		// every row loop of push and two-shot: one block per row (the block sum), or spread
 		// (rowsync); one-shot: one block per row
-		sums := 2
+		sums, meetings := 1, 1
 		switch s.Algo {
 		case OneShot:
-			sums = 1
+			meetings = 0
 		case Columns:
 			// one row at a time, and two: row A's block sum in %ss, row B's in %ssb
-			sums = 2
 			text := code(src)
-			var dists []string
-			for _, m := range regexp.MustCompile(`shfl\.sync\.down\.b32 %x, %ssb, (\d+),`).FindAllStringSubmatch(text, -1) {
-				dists = append(dists, m[1])
-			}
-			assert.Equal(t, []string{"16", "8", "4", "2", "1", "16", "8", "4", "2", "1"}, dists, s.EntryName())
-			assert.Equal(t, 1, strings.Count(text, "shfl.sync.idx.b32 %ssb, %ssb, 0,"), s.EntryName())
+			assert.Equal(t, 1, trees(text, "%ssb"), s.EntryName())
+			assert.Len(t, registerTree("%ssb").FindAllString(text, -1), 1, s.EntryName())
+			assert.Zero(t, strings.Count(text, "shfl.sync.idx"), s.EntryName())
 			assert.Regexp(t, `mul\.rn\.f32 %x, %x, %x;\s+add\.rn\.f32 %ssb, %ssb, %x;`, text, s.EntryName())
-			check(s.EntryName()+"_"+s.Target.String(), src, sums, 3)
+			check(s.EntryName()+"_"+s.Target.String(), src, 2, 0, 3)
 			continue
 		case TwoShot:
-			sums = 4 // through tmp and direct
+			sums, meetings = 2, 2 // through tmp and direct
 		}
-		check(s.EntryName()+"_"+s.Target.String(), src, sums, sums)
+		check(s.EntryName()+"_"+s.Target.String(), src, sums, meetings, sums+meetings)
 	}
 	for _, dt := range dtype.All {
 		src, err := NormSpec{dt, SM90}.Generate()
 		require.NoError(t, err)
-		check(NormSpec{dt, SM90}.EntryName(), src, 1, 1)
+		check(NormSpec{dt, SM90}.EntryName(), src, 1, 0, 1)
 	}
 }
 
