@@ -121,12 +121,12 @@ func TestFusedPTXAssembles(t *testing.T) {
 // then the warp sums' by the same tree, in registers (warpsumtree) where one block holds the
 // row and by shuffles again where the row's blocks meet (rowsync).
 func TestFusedArithmetic(t *testing.T) {
-	// the warp sums' tree in registers into sum: the loads of wsum (or wsumb), the adds of
-	// lane l+d into lane l for d = 8, 4, 2, 1 (d = 16 adds the +0 padding: see WarpSumTree),
-	// in that order and nothing else between them
-	registerTree := func(sum string) *regexp.Regexp {
+	// the warp sums' tree in registers from the shared array arr into sum: its loads, the adds
+	// of lane l+d into lane l for d = 8, 4, 2, 1 (d = 16 adds the +0 padding: see
+	// WarpSumTree), in that order and nothing else between them
+	registerTree := func(arr, sum string) *regexp.Regexp {
 		var b strings.Builder
-		b.WriteString(`mov\.u64 %wa, wsumb?;`)
+		fmt.Fprintf(&b, `mov\.u64 %%wa, %s;`, arr)
 		for i := 0; i < 16; i += 4 {
 			fmt.Fprintf(&b, `\s+ld\.shared\.v4\.f32 \{%%w%d, %%w%d, %%w%d, %%w%d\}, \[%%wa\+%d\];`, i, i+1, i+2, i+3, 4*i)
 		}
@@ -162,7 +162,7 @@ func TestFusedArithmetic(t *testing.T) {
 			assert.False(t, has(text, bad), "%s: %s", name, bad)
 		}
 		assert.Equal(t, blockSums+2*meetings, trees(text, "%ss"), "%s: warp trees over %%ss", name)
-		assert.Len(t, registerTree("%ss").FindAllString(text, -1), blockSums, "%s: register trees into %%ss", name)
+		assert.Len(t, registerTree("wsum", "%ss").FindAllString(text, -1), blockSums, "%s: register trees into %%ss", name)
 		assert.Equal(t, meetings, strings.Count(text, "shfl.sync.idx.b32 %ss, %ss, 0,"), name)
 		steps := regexp.MustCompile(`div\.rn\.f32 %ss, %ss, %hid;\s+add\.rn\.f32 %ss, %ss, %eps;\s+sqrt\.rn\.f32 %ss, %ss;\s+div\.rn\.f32 %inv, 0f3F800000, %ss;`)
 		assert.Len(t, steps.FindAllString(text, -1), invs, "%s: mean, + eps, sqrt, reciprocal", name)
@@ -184,7 +184,7 @@ func TestFusedArithmetic(t *testing.T) {
 			// one row at a time, and two: row A's block sum in %ss, row B's in %ssb
 			text := code(src)
 			assert.Equal(t, 1, trees(text, "%ssb"), s.EntryName())
-			assert.Len(t, registerTree("%ssb").FindAllString(text, -1), 1, s.EntryName())
+			assert.Len(t, registerTree("wsumb", "%ssb").FindAllString(text, -1), 1, s.EntryName())
 			assert.Zero(t, strings.Count(text, "shfl.sync.idx"), s.EntryName())
 			assert.Regexp(t, `mul\.rn\.f32 %x, %x, %x;\s+add\.rn\.f32 %ssb, %ssb, %x;`, text, s.EntryName())
 			check(s.EntryName()+"_"+s.Target.String(), src, 2, 0, 3)
