@@ -22,7 +22,8 @@ type FusedArgs struct {
 	ResidualOut driver.DevicePtr
 	// In is this rank's partial sum, the buffer that is all-reduced (Rows*Hidden elements).
 	// It is read by the peers like AllReduce's src: registered, or under Capture, it is read
-	// in place; otherwise it is first copied into the staging buffer. Registered buffers are matched across ranks as for AllReduce: when one
+	// in place; otherwise it is first copied into the staging buffer (Push reads it in place
+	// and sends it). Registered buffers are matched across ranks as for AllReduce: when one
 	// rank passes a registered In, ResidualOut or NormOut, every rank passes its own
 	// counterpart, registered in the same order. In is not written unless it is ResidualOut.
 	In driver.DevicePtr
@@ -31,7 +32,7 @@ type FusedArgs struct {
 	// Gamma is the norm's weight, one row (Hidden elements). Unused with NoNorm.
 	Gamma driver.DevicePtr
 	// Rows is the number of rows (tokens), at least 1. goccl's kernels take Rows*Hidden
-	// elements up to Options.MaxBytes bytes; NCCL, where
+	// elements up to Options.MaxBytes bytes (Push up to Options.PushMaxBytes); NCCL, where
 	// the communicator has it, takes larger calls.
 	Rows int
 	// Hidden is the number of elements per row: a multiple of ptx.HiddenMultiple in
@@ -76,16 +77,23 @@ type FusedArgs struct {
 //     rows (at 8 ranks from 3 rows a rank direct, 9 through the gather; at 4 to 7 ranks from
 //     24 and 40; at 2 and 3 ranks where the plain all-reduce would take it, from 8 rows a
 //     rank).
+//   - Push, only where AllReduceResidualRMSNormWith asks for it: every rank sends its rows
+//     into every rank's push receive buffer, as AllReduce's Push does, and reduces and norms
+//     every row itself, a block a row, with no barrier and no staging copy. Plain and fused
+//     Push calls share the receive buffers and may follow each other in any order. Its sums
+//     are rank order with +0.0 sent as -0.0, as AllReduce's Push (internal/ref.FusedPush).
+//     It takes calls up to Options.PushMaxBytes. The selection never takes it: on an H100
+//     with virtual ranks it was slower than OneShot at 1 to 16 rows of 8192 bf16 at 2, 4
+//     and 8 ranks (one row: 3.9-4.1 against 3.3-3.4 us at 2 ranks, 8.2-8.3 against 6.4-6.5
+//     at 8; docs/benchmarks.md, "Fused push, a block a row"), its receive of a whole row
+//     in one SM being the cost.
 //   - NCCL, where goccl's kernels cannot take the call (past MaxBytes, or a communicator they
 //     cannot serve) and the communicator has NCCL, or where NCCL is forced: see below.
 //
 // Options.Algorithm (or GOCCL_ALGO) forces an algorithm as it does for AllReduce; a
-// communicator forced to Push selects as Auto: the fused call has no Push. (ptx has a fused
-// push kernel, which collective does not launch: on an H200 it was slower than OneShot at 1 to
-// 8 rows, with its module loaded first and a block per row too, 4.6 against 3.5 to 3.8 us at 2
-// ranks and one row; docs/kernel-abi.md.) The fused kernels are JIT-compiled on first use of
-// each (algorithm, element type), or by LoadFused: a process that drives several ranks must
-// call LoadFused first (see there).
+// communicator forced to Push selects as Auto (the fused Push is slower). The fused kernels are JIT-compiled on first use of each
+// (algorithm, element type), or by LoadFused: a process that drives several ranks must call
+// LoadFused first (see there).
 //
 // Through NCCL the call is two steps on stream: NCCL's all-reduce of In into a sum buffer,
 // then the residual add and RMSNorm of this rank (ResidualRMSNorm's kernel) from that sum.
@@ -103,9 +111,9 @@ func (c *Comm) AllReduceResidualRMSNorm(stream *driver.Stream, a FusedArgs) erro
 
 // AllReduceResidualRMSNormWith is AllReduceResidualRMSNorm with the algorithm chosen by the
 // caller for this call: Auto (Options.Algorithm where set, else the selection), OneShot,
-// TwoShot or NCCL. A kernel the call does not fit (TwoShot without room for its bands) is
-// refused, as is Push, which the fused call does not have. Every rank must pass the same
-// algorithm. It exists for benchmarks and tests; services use AllReduceResidualRMSNorm.
+// TwoShot, Push or NCCL. A kernel the call does not fit (Push past PushMaxBytes, TwoShot
+// without room for its bands) is refused. Every rank must pass the same algorithm. It exists
+// for benchmarks and tests; services use AllReduceResidualRMSNorm.
 func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, algo Algorithm) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -131,6 +139,8 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 	switch algo {
 	case NCCL:
 		return c.ncclFused(stream, a, nbytes)
+	case Push:
+		return c.fusedPush(stream, a)
 	}
 	kernel, _ := algo.kernel()
 	if kernel == ptx.OneShot && c.columnsServe(a, residShared) {
@@ -185,9 +195,10 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 
 // LoadFused loads now the kernels that AllReduceResidualRMSNorm and ResidualRMSNorm launch
 // for dt, which otherwise load on the first call of each (algorithm, element type): the fused
-// one-shot (up to 8 ranks two builds: with the row cache, for calls of few rows, and without)
-// and two-shot of the communicator's barrier scope and the single-rank residual add + RMSNorm
-// kernel (on a communicator that NCCL alone serves, that one alone). It is not a
+// one-shot (up to 8 ranks two builds: with the row cache, for calls of few rows, and without),
+// Columns where the communicator may take it, two-shot and push of the communicator's barrier
+// scope, and the single-rank residual add + RMSNorm kernel (on a communicator that NCCL alone
+// serves, that one alone). It is not a
 // collective call and launches nothing; a second call finds them loaded.
 //
 // Loading a module can wait for the kernels running on the device: with the driver's lazy
@@ -213,11 +224,15 @@ func (c *Comm) LoadFused(dt DType) error {
 	for _, k := range []struct {
 		algo     ptx.Algorithm
 		rowCache bool
-	}{{ptx.OneShot, false}, {ptx.OneShot, true}, {ptx.Columns, false}, {ptx.TwoShot, false}} {
+	}{{ptx.OneShot, false}, {ptx.OneShot, true}, {ptx.Columns, false}, {ptx.TwoShot, false}, {ptx.Push, false}} {
 		if k.rowCache && c.size > ptx.MaxRowCacheRanks || k.algo == ptx.Columns && !c.fusedColumns(1) {
 			continue
 		}
-		if _, _, err := c.kernels.fusedKernel(c.scope, k.algo, dt, k.rowCache); err != nil {
+		scope := c.scope
+		if k.algo == ptx.Push {
+			scope = ptx.ScopeSystem // the one push build fusedPush launches
+		}
+		if _, _, err := c.kernels.fusedKernel(scope, k.algo, dt, k.rowCache); err != nil {
 			return fmt.Errorf("collective: rank %d: %w", c.rank, err)
 		}
 	}
@@ -526,8 +541,8 @@ func selectFused(major, worldSize, rows int, nbytes int64, direct, gpuScope bool
 // routeFused resolves the algorithm of a fused call and refuses what its engine cannot take;
 // direct says that both outputs are shared (TwoShot then needs no tmp), residShared that
 // ResidualOut is (the Columns kernel's direct route: columnsServe). Auto is
-// Options.Algorithm where set (Push selects as Auto: the fused call has none), else NCCL where
-// only NCCL can serve the call, else the selection table.
+// Options.Algorithm where set (Push selects as Auto: see AllReduceResidualRMSNorm), else NCCL
+// where only NCCL can serve the call, else the selection table.
 func (c *Comm) routeFused(algo Algorithm, a FusedArgs, nbytes int64, direct, residShared bool) (Algorithm, error) {
 	if algo == Auto {
 		algo = c.opts.Algorithm
@@ -558,20 +573,21 @@ func (c *Comm) routeFused(algo Algorithm, a FusedArgs, nbytes int64, direct, res
 			return 0, invalid("the call needs NCCL, which this communicator does not have: %s", c.ncclWhy)
 		}
 		return NCCL, nil
-	case Push:
-		return 0, invalid("the fused all-reduce + RMSNorm has no Push kernel: use Auto, OneShot, TwoShot or NCCL")
-	case OneShot, TwoShot:
+	case OneShot, TwoShot, Push:
 		if err := c.fusedKernelsServe(a, nbytes); err != nil {
 			return 0, err
 		}
 		switch {
+		case algo == Push && nbytes > c.opts.PushMaxBytes:
+			// The kernel writes the whole call into every peer's receive slot.
+			return 0, invalid("%d rows of %d %v elements are %d bytes, more than PushMaxBytes (%d) for the Push algorithm: use Auto, or raise Options.PushMaxBytes", a.Rows, a.Hidden, a.DType, nbytes, c.opts.PushMaxBytes)
 		case algo == TwoShot && !tmpFits():
 			return 0, invalid("TwoShot needs %d bytes of tmp buffer for %d rows of %d bytes over %d ranks, the communicator has %d: use OneShot, or raise Options.MaxBytes",
 				ptx.FusedTmpBytes(c.size, a.Rows, rowBytes), a.Rows, rowBytes, c.size, c.layout.recv-c.layout.tmp)
 		}
 		return algo, nil
 	}
-	return 0, invalid("unknown algorithm %v for the fused all-reduce + RMSNorm: use Auto, OneShot, TwoShot or NCCL", algo)
+	return 0, invalid("unknown algorithm %v for the fused all-reduce + RMSNorm: use Auto, OneShot, TwoShot, Push or NCCL", algo)
 }
 
 // fusedKernelsServe refuses a fused call that goccl's kernels cannot take, saying what can.

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -97,8 +98,11 @@ const fusedEps = 1e-6
 func (fc *fusedCase) want(t testing.TB, algo collective.Algorithm, noNorm bool) (resid, norm []byte) {
 	t.Helper()
 	order := ref.FusedOneShot
-	if algo == collective.TwoShot {
+	switch algo {
+	case collective.TwoShot:
 		order = ref.FusedTwoShot
+	case collective.Push:
+		order = ref.FusedPush
 	}
 	f := ref.Fused{DType: fc.dt, Algo: order, Hidden: fc.hidden, Eps: fusedEps, NoNorm: noNorm,
 		Threads: ptx.FusedThreads(fc.hidden * fc.dt.Size() / ptx.VectorBytes)}
@@ -194,10 +198,22 @@ var (
 	fusedRows   = []int{1, 2, 7, 32, 128, 513}
 )
 
+// fusedAlgos are the algorithms a fused call of rows rows of hidden elements of dt is tested
+// with: OneShot and TwoShot always, Push where the call fits the default PushMaxBytes (rows
+// 1 to 32: more rows than the push grid has blocks in some).
+func fusedAlgos(dt dtype.DType, rows, hidden int) []collective.Algorithm {
+	algos := []collective.Algorithm{collective.OneShot, collective.TwoShot}
+	if int64(rows*hidden*dt.Size()) <= collective.DefaultPushMaxBytes {
+		algos = append(algos, collective.Push)
+	}
+	return algos
+}
+
 // TestAllReduceResidualRMSNorm runs the fused kernels at 2, 4, 8 and 16 virtual ranks, bf16
 // and f16, every hidden size of fusedHidden and row count of fusedRows (MaxBytes 17 MiB holds
 // 513 rows of 16384 bf16), ResidualOut in place over the residual; each result bitwise
-// against internal/ref on every rank, OneShot and TwoShot. Out of place and NoNorm (hidden 5120, up to 32 rows), and f32 (hidden 2048 and
+// against internal/ref on every rank. OneShot and TwoShot everywhere, Push where fusedAlgos
+// has it. Out of place and NoNorm (hidden 5120, up to 32 rows), and f32 (hidden 2048 and
 // 4096, up to 128 rows) on a smaller grid.
 func TestAllReduceResidualRMSNorm(t *testing.T) {
 	requireGPU(t)
@@ -213,7 +229,7 @@ func TestAllReduceResidualRMSNorm(t *testing.T) {
 							continue // f32 on a smaller grid
 						}
 						fc := newFusedCase(rng, dt, ws, rows, hidden)
-						for _, algo := range []collective.Algorithm{collective.OneShot, collective.TwoShot} {
+						for _, algo := range fusedAlgos(dt, rows, hidden) {
 							what := fmt.Sprintf("%v %v rows %d hidden %d", algo, dt, rows, hidden)
 							wantR, wantN := fc.want(t, algo, false)
 							g.upload(fc)
@@ -248,13 +264,15 @@ func TestAllReduceResidualRMSNorm(t *testing.T) {
 // (TwoShot writes the finished rows straight into every rank's outputs: direct), and graphs
 // captured with Capture (direct as well), replayed on fresh data, at 2, 4, 8 and 16 ranks,
 // every kernel, bf16 and f16, hidden 5120 and 8192, rows 7 and 128 (the grid of the eager
-// test is cut here).
+// test is cut here). Push (rows 7 only: 128 rows are past PushMaxBytes) reads In in place
+// whatever is registered; with In == ResidualOut its blocks write rows of In that other
+// blocks send.
 func TestAllReduceResidualRMSNormRegisteredAndGraph(t *testing.T) {
 	requireGPU(t)
 	rng := rand.New(rand.NewPCG(23, 24))
 	const maxBytes = 4 << 20
 	for _, ws := range []int{2, 4, 8, 16} {
-		for _, algo := range []collective.Algorithm{collective.OneShot, collective.TwoShot} {
+		for _, algo := range []collective.Algorithm{collective.OneShot, collective.TwoShot, collective.Push} {
 			t.Run(fmt.Sprintf("ws%d/%v", ws, algo), func(t *testing.T) {
 				g := newFusedGroup(t, ws, collective.Options{Timeout: 5 * time.Second}, maxBytes)
 				g.parallel(func(rb *rankBufs) error {
@@ -268,6 +286,9 @@ func TestAllReduceResidualRMSNormRegisteredAndGraph(t *testing.T) {
 					for _, dt := range []dtype.DType{dtype.BFloat16, dtype.Float16} {
 						for _, hidden := range []int{5120, 8192} {
 							for _, rows := range []int{7, 128} {
+								if !slices.Contains(fusedAlgos(dt, rows, hidden), algo) {
+									continue
+								}
 								fc := newFusedCase(rng, dt, ws, rows, hidden)
 								what := fmt.Sprintf("%v rows %d hidden %d registered outputs %v", dt, rows, hidden, outputs)
 								wantR, wantN := fc.want(t, algo, false)
@@ -551,16 +572,20 @@ func TestRMSNormKernel(t *testing.T) {
 // virtual ranks, Auto selection for both (the log says which algorithm each fused variant
 // ran). fused-direct registers ResidualOut and NormOut too, so that a TwoShot writes the
 // finished rows straight into every rank's outputs; fused-nonorm is the residual add alone
-// (NoNorm), which tells the norm's part of the fused call; fused-oneshot and fused-twoshot force
-// the algorithm (outputs not shared: the two-shot goes through tmp), for the selection table.
+// (NoNorm), which tells the norm's part of the fused call; fused-oneshot, fused-twoshot and
+// fused-push (where the call fits PushMaxBytes) force the algorithm (outputs not shared: the
+// two-shot goes through tmp), for the selection table.
 func BenchmarkAllReduceResidualRMSNorm(b *testing.B) {
 	requireGPU(b)
 	const hidden = 8192
 	dt := dtype.BFloat16
 	for _, ws := range []int{2, 4, 8} {
 		for _, rows := range []int{1, 2, 4, 8, 16, 24, 32, 64, 128, 512} {
-			for _, variant := range []string{"fused", "fused-direct", "fused-nonorm", "fused-oneshot", "fused-twoshot", "unfused"} {
+			for _, variant := range []string{"fused", "fused-direct", "fused-nonorm", "fused-oneshot", "fused-twoshot", "fused-push", "unfused"} {
 				fused := variant != "unfused"
+				if variant == "fused-push" && int64(rows*hidden*dt.Size()) > collective.DefaultPushMaxBytes {
+					continue
+				}
 				b.Run(fmt.Sprintf("ws%d/rows%d/%s", ws, rows, variant), func(b *testing.B) {
 					nbytes := rows * hidden * dt.Size()
 					g := newFusedGroup(b, ws, collective.Options{Timeout: 50 * time.Millisecond}, max(nbytes, 1<<20))
@@ -584,7 +609,7 @@ func BenchmarkAllReduceResidualRMSNorm(b *testing.B) {
 						streams[r] = rb.stream
 					}
 					// the variant's algorithm: Auto but where forced
-					algo := map[string]collective.Algorithm{"fused-oneshot": collective.OneShot, "fused-twoshot": collective.TwoShot}[variant]
+					algo := map[string]collective.Algorithm{"fused-oneshot": collective.OneShot, "fused-twoshot": collective.TwoShot, "fused-push": collective.Push}[variant]
 					if fused && algo == collective.Auto {
 						// the harness's own capture: the outputs are shared where registered
 						path, err := g.ranks[0].comm.FusedSelected(rows, hidden, dt, variant == "fused-direct")
@@ -621,6 +646,246 @@ func BenchmarkAllReduceResidualRMSNorm(b *testing.B) {
 				})
 			}
 		}
+	}
+}
+
+// pushStep is one call of TestFusedPushInterleaved: a plain Push all-reduce of count bf16
+// elements, or a fused Push call of rows rows of hidden elements (alias: "residual" for
+// ResidualOut over Residual, "in" for ResidualOut over In).
+type pushStep struct {
+	fused        bool
+	count        int
+	rows, hidden int
+	noNorm       bool
+	alias        string
+}
+
+// pushStepBufs are one rank's buffers of one step, and its data.
+type pushStepBufs struct {
+	in, residual, residOut, normOut, gamma, out driver.DevicePtr
+}
+
+// TestFusedPushInterleaved: plain Push all-reduces and fused Push calls on one communicator,
+// back to back on each rank's stream without a host sync in between (they share the receive
+// buffers and the per-block parts; from 8 ranks on, a plain call of one vector per thread
+// leaves its re-arm to the next call, fused or not), eager and then captured into one graph
+// per rank and replayed twice on fresh data, at 2, 4, 8 and 16 virtual ranks; every result
+// bitwise against internal/ref on every rank.
+func TestFusedPushInterleaved(t *testing.T) {
+	requireGPU(t)
+	rng := rand.New(rand.NewPCG(31, 32))
+	dt := dtype.BFloat16
+	steps := []pushStep{
+		{count: 8192}, // 16 KiB: one vector per thread of the default push grid (deferred re-arm from 8 ranks)
+		{fused: true, rows: 1, hidden: 8192, alias: "residual"}, // one row: block 0 receives, the others only send
+		{count: 8192},
+		{count: 2051}, // a partial last vector
+		{fused: true, rows: 3, hidden: 2048},
+		{fused: true, rows: 2, hidden: 5120, noNorm: true, alias: "in"},
+		{count: 32768}, // 64 KiB
+		{fused: true, rows: 20, hidden: 4096, alias: "residual"}, // more rows than push blocks
+		{fused: true, rows: 1, hidden: 16384, alias: "in"},
+		{count: 8192},
+	}
+	for _, ws := range []int{2, 4, 8, 16} {
+		t.Run(fmt.Sprintf("ws%d", ws), func(t *testing.T) {
+			g := newGroup(t, virtualRanks(ws), collective.Options{Timeout: 5 * time.Second, MaxBytes: 1 << 20}, 16)
+			// The fused kernels load before the first all-reduce is in flight (LoadFused): a
+			// rank's first fused call would otherwise load its module while the plain push
+			// before it waits for the next rank.
+			for _, rb := range g.ranks {
+				require.NoError(t, rb.comm.LoadFused(dt))
+			}
+			bufs := make([][]pushStepBufs, ws)
+			for r, rb := range g.ranks {
+				ctx := rb.comm.Context()
+				alloc := func(n int) driver.DevicePtr {
+					p, err := ctx.Alloc(uint64(n))
+					require.NoError(t, err)
+					t.Cleanup(func() { ctx.Free(p) })
+					return p
+				}
+				for _, st := range steps {
+					n := st.count * dt.Size()
+					if st.fused {
+						n = st.rows * st.hidden * dt.Size()
+					}
+					bufs[r] = append(bufs[r], pushStepBufs{in: alloc(n), residual: alloc(n), residOut: alloc(n), normOut: alloc(n),
+						gamma: alloc(ptx.MaxHidden * 4), out: alloc(n)})
+				}
+			}
+			args := func(r, i int) collective.FusedArgs {
+				st, b := steps[i], bufs[r][i]
+				a := collective.FusedArgs{NormOut: b.normOut, ResidualOut: b.residOut, In: b.in, Residual: b.residual, Gamma: b.gamma,
+					Rows: st.rows, Hidden: st.hidden, Eps: fusedEps, DType: dt, NoNorm: st.noNorm}
+				switch st.alias {
+				case "residual":
+					a.ResidualOut = a.Residual
+				case "in":
+					a.ResidualOut = a.In
+				}
+				return a
+			}
+			// issue enqueues every step on rank r's stream.
+			issue := func(r int, s *driver.Stream) error {
+				c := g.ranks[r].comm
+				for i, st := range steps {
+					var err error
+					if st.fused {
+						err = c.AllReduceResidualRMSNormWith(s, args(r, i), collective.Push)
+					} else {
+						err = c.AllReduceWith(s, bufs[r][i].out, bufs[r][i].in, st.count, dt, collective.Push)
+					}
+					if err != nil {
+						return fmt.Errorf("step %d: %w", i, err)
+					}
+				}
+				return nil
+			}
+			// upload writes fresh data for every step and poisons the outputs; check compares
+			// every step's outputs with the reference.
+			type stepData struct {
+				inputs          [][]byte
+				residual, gamma []byte
+			}
+			upload := func() []stepData {
+				data := make([]stepData, len(steps))
+				for i, st := range steps {
+					n := st.count
+					if st.fused {
+						n = st.rows * st.hidden
+					}
+					d := stepData{inputs: make([][]byte, ws), residual: ref.Activations(rng, dt, n, 4)}
+					for r := range d.inputs {
+						d.inputs[r] = ref.Activations(rng, dt, n, 1)
+					}
+					if st.fused {
+						d.gamma = ref.Activations(rng, dt, st.hidden, 1.5)
+					}
+					data[i] = d
+					for r, rb := range g.ranks {
+						ctx, b := rb.comm.Context(), bufs[r][i]
+						require.NoError(t, ctx.CopyHtoD(b.in, d.inputs[r]))
+						for _, p := range []driver.DevicePtr{b.residOut, b.normOut, b.out} {
+							require.NoError(t, ctx.MemsetD8(p, 0xFF, uint64(n*dt.Size())))
+						}
+						if st.fused {
+							require.NoError(t, ctx.CopyHtoD(b.residual, d.residual))
+							require.NoError(t, ctx.CopyHtoD(b.gamma, d.gamma))
+						}
+					}
+				}
+				return data
+			}
+			check := func(data []stepData, what string) {
+				for i, st := range steps {
+					d := data[i]
+					type output struct {
+						name string
+						want []byte
+						ptr  func(r int) driver.DevicePtr
+					}
+					var outs []output
+					if st.fused {
+						f := ref.Fused{DType: dt, Algo: ref.FusedPush, Hidden: st.hidden, Eps: fusedEps, NoNorm: st.noNorm,
+							Threads: ptx.FusedThreads(st.hidden * dt.Size() / ptx.VectorBytes)}
+						wantR, wantN, err := f.Run(d.inputs, d.residual, d.gamma)
+						require.NoError(t, err)
+						outs = append(outs, output{"ResidualOut", wantR, func(r int) driver.DevicePtr { return args(r, i).ResidualOut }})
+						if !st.noNorm {
+							outs = append(outs, output{"NormOut", wantN, func(r int) driver.DevicePtr { return bufs[r][i].normOut }})
+						}
+					} else {
+						want, err := ref.Push(dt, d.inputs)
+						require.NoError(t, err)
+						outs = append(outs, output{"out", want, func(r int) driver.DevicePtr { return bufs[r][i].out }})
+					}
+					for r, rb := range g.ranks {
+						for _, o := range outs {
+							got := make([]byte, len(o.want))
+							require.NoError(t, rb.comm.Context().CopyDtoH(got, o.ptr(r)))
+							if n, first := ref.Compare(dt, o.want, got); n != 0 {
+								t.Fatalf("%s: step %d (%+v): rank %d: %s: %d of %d elements wrong; first at %d: want %s, got %s", what, i, st, r,
+									o.name, n, len(o.want)/dt.Size(), first.Index, ref.Format(dt, first.Want), ref.Format(dt, first.Got))
+							}
+						}
+					}
+				}
+			}
+
+			for round := range 2 {
+				data := upload()
+				for r, rb := range g.ranks {
+					require.NoError(t, issue(r, rb.stream), "rank %d", r)
+				}
+				g.syncAll(30 * time.Second)
+				check(data, fmt.Sprintf("eager round %d", round))
+			}
+			graphs := make([]*collective.Graph, ws)
+			g.parallel(func(rb *rankBufs) error {
+				r := rb.comm.Rank()
+				var err error
+				graphs[r], err = rb.comm.Capture(context.Background(), rb.stream, func() error { return issue(r, rb.stream) })
+				return err
+			})
+			for replay := range 2 {
+				data := upload()
+				for r, rb := range g.ranks {
+					require.NoError(t, graphs[r].Launch(rb.stream))
+				}
+				g.syncAll(30 * time.Second)
+				check(data, fmt.Sprintf("graph replay %d", replay))
+			}
+			for _, x := range graphs {
+				require.NoError(t, x.Close())
+			}
+			// and eager again after the graphs: the parts stayed in step
+			data := upload()
+			for r, rb := range g.ranks {
+				require.NoError(t, issue(r, rb.stream), "rank %d", r)
+			}
+			g.syncAll(30 * time.Second)
+			check(data, "eager after the graphs")
+		})
+	}
+}
+
+// TestFusedPushCallMismatch: one rank makes a fused Push call, its peer a plain Push
+// all-reduce of the same bytes: both kernels record ErrCallMismatch naming both calls (the
+// call headers differ), in well under the timeout.
+func TestFusedPushCallMismatch(t *testing.T) {
+	requireGPU(t)
+	rng := rand.New(rand.NewPCG(33, 34))
+	const timeout = 3 * time.Second
+	g := newFusedGroup(t, 2, collective.Options{Timeout: timeout}, 1<<20)
+	for _, rb := range g.ranks {
+		require.NoError(t, rb.comm.LoadFused(dtype.BFloat16))
+	}
+	fc := newFusedCase(rng, dtype.BFloat16, 2, 1, 8192)
+	g.upload(fc)
+	fused := ptx.FusedCall(ptx.Push, dtype.BFloat16, 1, 8192, false)
+	plain := ptx.Call{Op: ptx.OpAllReduce, Algo: ptx.Push, DType: dtype.BFloat16, Count: 8192}
+	r0, r1 := g.ranks[0], g.ranks[1]
+	require.NoError(t, r0.comm.AllReduceResidualRMSNormWith(r0.stream, g.args(0, fc, true, false), collective.Push))
+	require.NoError(t, r1.comm.AllReduceWith(r1.stream, g.bufs[1].residOut, g.bufs[1].in, 8192, dtype.BFloat16, collective.Push))
+	start := time.Now()
+	wctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, rb := range g.ranks {
+		require.NoError(t, rb.stream.Wait(wctx))
+	}
+	assert.Less(t, time.Since(start), timeout, "a mismatch is seen in the headers, not by a timeout")
+	for r, want := range []struct{ mine, theirs ptx.Call }{{fused, plain}, {plain, fused}} {
+		err := g.ranks[r].comm.Err()
+		require.ErrorIs(t, err, collective.ErrCallMismatch, "rank %d", r)
+		var ke *collective.KernelError
+		require.ErrorAs(t, err, &ke)
+		assert.Equal(t, r, ke.Rank)
+		assert.Equal(t, 1-r, ke.Peer)
+		assert.Equal(t, ptx.PhasePush, ke.Phase)
+		assert.Equal(t, want.mine, ke.Mine, "rank %d", r)
+		assert.Equal(t, want.theirs, ke.Theirs, "rank %d", r)
+		t.Logf("rank %d: %v", r, err)
 	}
 }
 

@@ -95,15 +95,16 @@ func TestRouteFused(t *testing.T) {
 	}{
 		{c, 64, OneShot, "1 MiB over 8 ranks, through tmp", false},
 		{c, 64, TwoShot, "1 MiB over 8 ranks, direct", true},
-		{c, 1, OneShot, "16 KiB over 8 ranks: the fused call has no push", true},
+		{c, 1, OneShot, "16 KiB over 8 ranks: Auto takes no push", true},
 		{c, 2, OneShot, "32 KiB over 8 ranks, fewer rows than ranks", true},
 		{c, 23, OneShot, "23 rows over 8 ranks: fewer than fusedTwoShotRowsPerRank a rank", true},
 		{c, 24, TwoShot, "24 rows over 8 ranks, direct", true},
 		{c, 24, OneShot, "24 rows over 8 ranks, through tmp", false},
 		{newComm(Auto, 4, 1<<20), 4, OneShot, "64 KiB over 4 ranks", false},
 		{newComm(Auto, 2, 1<<20), 4, OneShot, "64 KiB over 2 ranks", false},
-		// Options.Algorithm, for the call's Auto: Push selects as Auto
-		{newComm(Push, 8, 1<<20), 16, OneShot, "forced push selects as Auto", true},
+		// Options.Algorithm, for the call's Auto: Push selects as Auto (the fused Push is
+		// launched only when the call asks for it)
+		{newComm(Push, 8, 1<<20), 1, OneShot, "forced push selects as Auto", true},
 		{newComm(Push, 8, 1<<20), 64, TwoShot, "forced push selects as Auto, 8 rows a rank", true},
 		{newComm(OneShot, 8, 1<<20), 1, OneShot, "forced OneShot", false},
 		{newComm(TwoShot, 8, 1<<20), 8, TwoShot, "forced TwoShot", false},
@@ -157,9 +158,12 @@ func TestRouteFused(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, forced, got, "the call's choice wins over Options.Algorithm")
 	}
-	_, err = route(c, Push, 1, false)
+	got, err = route(c, Push, 1, false)
+	require.NoError(t, err)
+	assert.Equal(t, Push, got)
+	_, err = route(c, Push, 33, false)
 	assert.ErrorIs(t, err, ErrInvalidArgument)
-	assert.ErrorContains(t, err, "no Push kernel")
+	assert.ErrorContains(t, err, "more than PushMaxBytes")
 	_, err = route(c, NCCL, 64, false)
 	assert.ErrorContains(t, err, "does not have: no libnccl")
 	_, err = route(newComm(NCCL, 8, 1<<20), Auto, 1, false)
@@ -354,14 +358,15 @@ func TestLoadFused(t *testing.T) {
 		require.NoError(t, unloadKernels(mc))
 	}()
 	c := &Comm{kernels: ks, scope: ptx.ScopeGPU, size: 4}
-	want := []string{"goccl_fused_oneshot_bf16_w4_gpu", "goccl_fused_oneshot_rc_bf16_w4_gpu", "goccl_fused_twoshot_bf16_w4_gpu", "goccl_rmsnorm_bf16"}
+	// push: its one build, ScopeSystem's
+	want := []string{"goccl_fused_oneshot_bf16_w4_gpu", "goccl_fused_oneshot_rc_bf16_w4_gpu", "goccl_fused_twoshot_bf16_w4_gpu", "goccl_fused_push_bf16_w4", "goccl_rmsnorm_bf16"}
 	for range 2 {
 		require.NoError(t, c.LoadFused(BFloat16))
 		for _, entry := range want {
 			assert.Equal(t, 1, f.count(entry), entry)
 		}
 	}
-	assert.Equal(t, 9+len(want), f.total(), "the plain kernels and the four of bf16, nothing else")
+	assert.Equal(t, 9+len(want), f.total(), "the plain kernels and the five of bf16, nothing else")
 	fn, _, err := ks.fusedKernel(ptx.ScopeGPU, ptx.TwoShot, BFloat16, false)
 	require.NoError(t, err)
 	assert.NotNil(t, fn, "the call finds it loaded")
@@ -431,5 +436,30 @@ func TestFusedBuffersAllocateNothing(t *testing.T) {
 			names = append(names, b.name)
 		}
 		assert.Equal(t, want, names, "NoNorm %v", noNorm)
+	}
+}
+
+// TestFusedPushSlots: the fused push keeps push's grid, so it runs only where that grid of
+// blocks of its occupancy takes no more of a shared GPU than the largest grid the ranks
+// sized their room for; with a GPU per rank it always runs.
+func TestFusedPushSlots(t *testing.T) {
+	for _, tc := range []struct {
+		onGPU, blocksPerSM, blocks, pushBlocks, occ int
+		slots                                       int
+		ok                                          bool
+	}{
+		{1, 2, 36, 16, 1, 1, true},  // a GPU per rank
+		{2, 2, 36, 16, 1, 2, true},  // two plain slots a block: 32 of 36
+		{2, 2, 36, 16, 2, 1, true},  // as the plain kernels
+		{4, 2, 24, 16, 1, 2, false}, // 32 slots past the largest grid, 24
+		{8, 1, 16, 16, 1, 1, true},
+		{8, 1, 16, 16, 0, 0, false}, // does not fit at all
+	} {
+		c := &Comm{ranksOnGPU: tc.onGPU, blocksPerSM: tc.blocksPerSM, blocks: tc.blocks, pushBlocks: tc.pushBlocks}
+		slots, ok := c.fusedPushSlots(tc.occ)
+		assert.Equal(t, tc.ok, ok, "%+v", tc)
+		if ok {
+			assert.Equal(t, tc.slots, slots, "%+v", tc)
+		}
 	}
 }

@@ -261,8 +261,9 @@ func (s FusedSpec) Generate() ([]byte, error) {
 	}
 	k := newKernel(s.plain())
 	k.Entry = s.EntryName()
-	// Columns norms rows it reads back whole, with the one-shot's row cache
-	k.rowCache = s.RowCache || s.Algo == Columns
+	// Columns norms rows it reads back whole, with the one-shot's row cache; push keeps its
+	// first vectors of a row in registers the same way
+	k.rowCache = s.RowCache || s.Algo == Columns || s.Algo == Push
 	return execute("fused_"+s.Algo.String(), k)
 }
 
@@ -401,6 +402,16 @@ func (k *kernel) RowCache() []int {
 	return []int{0, 1}
 }
 
+// PollAhead reports whether the fused push kernel loads the slots of each thread's second
+// vector of a row before it waits for its first, for the templates: up to MaxRowCacheRanks
+// ranks, past which the second vector's ws slots would not fit in registers beside the first's.
+func (k *kernel) PollAhead() bool { return k.WS <= MaxRowCacheRanks }
+
+// AheadVec is the register list of slot r of the vector PollAhead loads ahead, "{%y8, .., %y11}".
+func (k *kernel) AheadVec(r int) string {
+	return fmt.Sprintf("{%%y%d, %%y%d, %%y%d, %%y%d}", 4*r, 4*r+1, 4*r+2, 4*r+3)
+}
+
 // CacheIndices lists the register indices of a row cache (%rc0 .. %rc<4*len(RowCache)-1>).
 func (k *kernel) CacheIndices() []int {
 	idx := make([]int, 4*len(k.RowCache()))
@@ -426,7 +437,7 @@ func (k *kernel) PairRows() [][2]string {
 // size their grids by (collective would halve the fused grid). At 2 ranks it takes 62 on its
 // own; from 5 ranks the plain kernels fit one block per SM too.
 func (k *kernel) MaxRegs() int {
-	if k.rowCache && k.WS >= 3 && k.WS <= 4 {
+	if k.rowCache && k.Algo == "oneshot" && k.WS >= 3 && k.WS <= 4 {
 		return 64
 	}
 	return 0

@@ -174,11 +174,11 @@ func TestFusedArithmetic(t *testing.T) {
 	for _, s := range allFusedSpecs() {
 		src, err := s.Generate()
 		require.NoError(t, err)
-		// every row loop of push and two-shot: one block per row (the block sum), or spread
-		// (rowsync); one-shot: one block per row
+		// every row loop of two-shot: one block per row (the block sum), or spread (rowsync);
+		// one-shot and push: one block per row
 		sums, meetings := 1, 1
 		switch s.Algo {
-		case OneShot:
+		case OneShot, Push:
 			meetings = 0
 		case Columns:
 			// one row at a time, and two: row A's block sum in %ss, row B's in %ssb
@@ -296,7 +296,10 @@ func TestFusedOccupancy(t *testing.T) {
 						}
 					}
 					for _, algo := range Algorithms {
-						if algo == Push && scope != ScopeSystem {
+						if algo == Push {
+							// push's grid is its own (Options.PushBlocks), and collective
+							// launches the fused push only where that grid of every rank
+							// sharing the GPU fits at the kernel's occupancy
 							continue
 						}
 						for _, dt := range dtype.All {
@@ -316,9 +319,10 @@ func TestFusedOccupancy(t *testing.T) {
 
 // TestFusedPush reads the fused push kernels: push's protocol (sends to every rank's slot,
 // rank-order sums of the polled slots, re-arm, call header, parts, the deferred re-arm of a
-// plain push call before with three parts), the row sync of a spread row, and PDL.
+// plain push call before with three parts), a block a row with the loads that go out before
+// the first wait, and PDL.
 func TestFusedPush(t *testing.T) {
-	accRE := regexp.MustCompile(`shl\.b32 %x, %(v|o)(\d+), 16;\s+add\.rn\.f32 %acc0, %acc0, %x;`)
+	accRE := regexp.MustCompile(`shl\.b32 %x, %(v|o|rs)(\d+), 16;\s+add\.rn\.f32 %acc0, %acc0, %x;`)
 	for _, s := range allFusedSpecs() {
 		if s.Algo != Push {
 			continue
@@ -332,29 +336,50 @@ func TestFusedPush(t *testing.T) {
 		assert.Equal(t, ws, strings.Count(text, fmt.Sprintf("st.volatile.global.v4.b32 [%%a+%d], {%%v0, %%v1, %%v2, %%v3};", PushHeaderBytes)), "%s: one send per rank", name)
 		assert.True(t, has(text, "st.volatile.global.v4.b32 [%q], {%c0, %c1, %c2, %c3};"), "%s: call header sent", name)
 		assert.True(t, has(src, "==== call check: rank s's header"), name)
-		assert.Equal(t, ws, strings.Count(text, "\n\tld.volatile.global.v4.b32 {%v"), "%s: every slot loaded once before the wait", name)
+		// a block a row; the thread's vectors: the first, the second (its slots loaded ahead of
+		// the first's wait up to MaxRowCacheRanks ranks), then a loop
+		assert.True(t, has(text, "mov.u32 %row, %block;"), name)
+		receive := strings.Index(text, "mov.u32 %row, %block;")
+		firstWait := receive + strings.Index(text[receive:], "\n\tld.volatile.global.v4.b32 {%v")
+		loads := 2 * ws
+		if ws > MaxRowCacheRanks {
+			loads = 3 * ws
+		} else {
+			assert.Equal(t, ws, strings.Count(text, "@%ahead ld.volatile.global.v4.b32 {%y"), name)
+			assert.Less(t, strings.LastIndex(text, "@%ahead ld.volatile.global.v4.b32 {%y"), firstWait, name)
+		}
+		assert.Equal(t, loads, strings.Count(text, "\n\tld.volatile.global.v4.b32 {%v"), "%s: every slot loaded once before its wait", name)
+		for u := range 2 {
+			// the residual of the first two vectors, before the first wait
+			load := fmt.Sprintf("@%%ahead ld.global.v4.b32 {%%rs%d, %%rs%d, %%rs%d, %%rs%d}, [%%a];", 4*u, 4*u+1, 4*u+2, 4*u+3)
+			assert.Equal(t, 1, strings.Count(text, load), name)
+			assert.Less(t, strings.Index(text, load), firstWait, name)
+		}
 		if s.DType == dtype.BFloat16 {
-			// rank order 0..ws-1 (vector 0 starts the sums), then the residual (%o)
+			// rank order 0..ws-1 (vector 0 starts the sums), then the residual: loaded ahead
+			// (%rs) for the first two vectors, with the slots in the loop (%o)
 			var order []string
 			for _, m := range accRE.FindAllStringSubmatch(text, -1) {
 				order = append(order, m[1]+m[2])
 			}
 			var want []string
-			for r := 1; r < ws; r++ {
-				want = append(want, fmt.Sprintf("v%d", 4*r))
+			for _, res := range []string{"rs0", "rs4", "o0"} {
+				for r := 1; r < ws; r++ {
+					want = append(want, fmt.Sprintf("v%d", 4*r))
+				}
+				want = append(want, res)
 			}
-			want = append(want, "o0")
 			assert.Equal(t, want, order, name)
-			assert.True(t, has(text, "shl.b32 %acc0, %v0, 16;"), name)
+			assert.Equal(t, 3, strings.Count(text, "shl.b32 %acc0, %v0, 16;"), name)
 		}
 		rearm := strings.Count(text, "st.global.v4.b32 [%a], {%zero, %zero, %zero, %zero};")
 		pending := fmt.Sprintf("[%%pend+%d]", PushPendingOffset)
 		if ws >= DeferRearmMinRanks {
-			assert.Equal(t, 2*ws, rearm, "%s: re-arm of the slots read, and the plain call's deferred one", name)
+			assert.Equal(t, 4*ws, rearm, "%s: re-arm of the slots read (three places), and the plain call's deferred one", name)
 			assert.True(t, has(text, "ld.global.v2.u32 {%pnvec, %pntid}, "+pending+";"), name)
 			assert.True(t, has(text, fmt.Sprintf("st.global.v2.u32 [%%ep+%d], {%%zero, %%zero};", PushPendingOffset)), "%s: nothing left to re-arm", name)
 		} else {
-			assert.Equal(t, ws, rearm, name)
+			assert.Equal(t, 3*ws, rearm, name)
 			assert.False(t, has(text, "%pend"), name)
 		}
 		assert.True(t, has(text, "st.global.v4.b32 [%q], {%zero, %zero, %zero, %zero};"), "%s: header re-armed", name)
@@ -371,8 +396,8 @@ func TestFusedPush(t *testing.T) {
 	}
 }
 
-// TestFusedRowSync reads the row loops of the fused two-shot and push kernels (one-shot keeps
-// a block per row): both passes over a row step by the row's virtual threads (so that a row
+// TestFusedRowSync reads the row loops of the fused two-shot kernel (one-shot, Columns and
+// push keep a block per row): both passes over a row step by the row's virtual threads (so that a row
 // spread over several blocks keeps the reference's threads), and each row sum either is the
 // block's or meets the row's other blocks on fused_rows (counted arrivals that wrap to 0,
 // acquire) with the warp sums in fused_sums (strong loads); the two-shot keeps one inv per
@@ -382,19 +407,17 @@ func TestFusedRowSync(t *testing.T) {
 	for _, s := range allFusedSpecs() {
 		name := s.EntryName() + "_" + s.Target.String()
 		text := code(mustGenerate(t, s.Generate))
-		loops, passes := 1, 2 // push: one row loop, two passes
+		loops, passes := 2, 4 // stage 1 and stage 2 through tmp, and direct
 		switch s.Algo {
-		case OneShot, Columns:
+		case OneShot, Columns, Push:
 			// one block per row: no spread rows
 			assert.False(t, has(text, "mov.u32 %vi, %vt;"), name)
 			assert.False(t, has(text, sync), name)
 			continue
-		case TwoShot:
-			loops, passes = 2, 4 // stage 1 and stage 2 through tmp, and direct
 		}
 		assert.Equal(t, loops, strings.Count(text, "atom.acq_rel.gpu.global.inc.u32 %old, "+sync+", %last;"), name)
 		assert.Equal(t, loops, strings.Count(text, "ld.acquire.gpu.global.u32 %old, "+sync+";"), name)
-		row := map[Algorithm]string{TwoShot: "%j", Push: "%row"}[s.Algo] // the band's row, the call's
+		row := "%j" // the band's row
 		sums := fmt.Sprintf("add.u64 %%sa, %%sa, %d;\n\tmad.wide.u32 %%sa, %s, %d, %%sa;", FusedSumsOffset, row, 4*MaxPieces)
 		assert.Equal(t, loops, strings.Count(text, sums), name)
 		assert.Equal(t, loops, strings.Count(text, "@%l0 ld.relaxed.gpu.global.f32 %ss, [%a];"), name)
@@ -402,9 +425,7 @@ func TestFusedRowSync(t *testing.T) {
 		assert.Equal(t, passes, strings.Count(text, "mov.u32 %vi, %vt;"), name)
 		assert.False(t, has(text, "add.u32 %vi, %vi, %bthreads;"), name)
 		assert.Equal(t, loops, strings.Count(text, "mad.wide.u32 %ctr, "+row+", 4, %ctr;"), name)
-		if s.Algo == TwoShot {
-			assert.Equal(t, 2, strings.Count(text, "selp.b32 %t0, %block, %j, %p0;"), "%s: the inv of this block's piece, stored and loaded", name)
-		}
+		assert.Equal(t, 2, strings.Count(text, "selp.b32 %t0, %block, %j, %p0;"), "%s: the inv of this block's piece, stored and loaded", name)
 	}
 }
 
@@ -515,6 +536,8 @@ func TestRowCache(t *testing.T) {
 		}
 		if s.RowCache {
 			assert.Contains(t, s.EntryName(), "_oneshot_rc_", s.EntryName())
+		}
+		if s.RowCache || s.Algo == Push {
 			cached(s.EntryName(), text)
 			continue
 		}

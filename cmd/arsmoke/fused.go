@@ -88,14 +88,14 @@ func (f *fusedFlags) parse(fs *flag.FlagSet, c *config, algoName string) error {
 		return fmt.Errorf("--rows %q: %w", f.rows, err)
 	}
 	switch algoName {
-	case "auto", "oneshot", "twoshot":
+	case "auto", "oneshot", "twoshot", "push":
+		// push: the fused push kernel, and the pair's all-reduce push too
 		if c.backend != backendNCCL {
 			c.algos = []string{algoName}
 		}
 	case "all":
+		// the kernels that take every row count (push takes calls up to PushMaxBytes)
 		c.algos = []string{"oneshot", "twoshot"}
-	case "push":
-		return fmt.Errorf("-a push: the fused call has no push kernel: use auto, oneshot, twoshot or all with --fused")
 	}
 	if c.backend == backendBoth {
 		return fmt.Errorf("--backend both with --fused: run --backend goccl (the fused call beside goccl's unfused pair) and --backend nccl (the pair through NCCL's all-reduce) one after the other")

@@ -283,8 +283,11 @@ func (e *gpuEngine) poisonOutputs(c FusedCase, bufs map[*engineRank]*fusedRank) 
 // fusedReference is ref.Fused for the case, summing the ranks in the order of path.
 func fusedReference(c FusedCase, path collective.Algorithm) ref.Fused {
 	order := ref.FusedOneShot
-	if path == collective.TwoShot {
+	switch path {
+	case collective.TwoShot:
 		order = ref.FusedTwoShot
+	case collective.Push:
+		order = ref.FusedPush
 	}
 	return ref.Fused{DType: c.DType, Algo: order, Hidden: c.Hidden, Eps: c.Eps,
 		Threads: ptx.FusedThreads(c.Hidden * c.DType.Size() / ptx.VectorBytes)}

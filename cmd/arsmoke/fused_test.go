@@ -75,7 +75,7 @@ func TestParseFused(t *testing.T) {
 	c, err = parseArgs(strings.Fields("--fused --hidden 5120 --rows 7 -d f32 -a all -g"))
 	require.NoError(t, err)
 	assert.Equal(t, fusedConfig{hidden: 5120, rows: []int{7}}, *c.fused)
-	assert.Equal(t, []string{"oneshot", "twoshot"}, c.algos, "the fused call has no push kernel")
+	assert.Equal(t, []string{"oneshot", "twoshot"}, c.algos, "push takes only calls up to PushMaxBytes")
 	assert.Equal(t, []int64{7 * 5120 * 4}, c.sizes())
 	assert.True(t, c.graph)
 
@@ -139,7 +139,6 @@ func TestFusedUsageErrors(t *testing.T) {
 		"--fused --rows 0":                            `--rows "0": 0 rows`,
 		"--fused --rows 1,x":                          `--rows "1,x": "x" is not a row count`,
 		"--fused --rows 8-1":                          `--rows "8-1": range 8-1: 8 is more than 1`,
-		"--fused -a push":                             "-a push: the fused call has no push kernel",
 		"--fused --backend both":                      "--backend both with --fused",
 		"--fused --backend nccl -a all":               "-a all picks goccl's kernels",
 		"--fused -f 1":                                "-f 1: must be at least 2",

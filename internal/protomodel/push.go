@@ -89,9 +89,10 @@ type PushConfig struct {
 	Headers HeaderVariant
 	// Fused makes about half the calls fused push calls (the all-reduce +
 	// RMSNorm kernel's protocol, docs/kernel-abi.md "fused push"): the plain
-	// send, a receive row by row whose mapping differs from the send's (a row
-	// spread over several blocks where rows are few), its re-arm never
-	// deferred, and the re-arm a previous plain call deferred done as push does.
+	// send, a receive row by row whose mapping differs from the send's (the
+	// kernel takes a block a row; the model also spreads a row over several
+	// blocks where rows are few), its re-arm never deferred, and the re-arm a
+	// previous plain call deferred done as push does.
 	Fused bool
 	// Mismatches lists the calls (0, 1, ..) in which rank call%Ranks sends a
 	// different call header (the same shape and data: another element type).

@@ -36,7 +36,7 @@ const (
 // widened and added (add.rn); the sum is rounded once to the element type: that is
 // ResidualOut. The norm reads those rounded values widened again. Thread t of the block
 // (Threads of them) sums x*x (mul.rn, then add.rn, from +0) over its vectors t, t+Threads, ..
-// of the row, and within a vector over its elements in address order. (The fused push kernel
+// of the row, and within a vector over its elements in address order. (The fused two-shot
 // may spread a row over several blocks of fewer threads: thread t is then a virtual thread of
 // the row, its lanes and warps the same, and the order the same.) The 32 lanes of a warp are added by a tree: for d = 16, 8, 4,
 // 2, 1, lane i adds lane i+d (add.rn); lane 0 holds the warp's sum. The warps' sums, padded
