@@ -51,17 +51,22 @@ func newFusedGroupOn(t testing.TB, devices []int, opts collective.Options, maxBy
 	t.Helper()
 	g := &fusedGroup{group: newGroup(t, devices, opts, 16)}
 	for _, rb := range g.ranks {
-		ctx := rb.comm.Context()
-		alloc := func(n int) driver.DevicePtr {
-			p, err := ctx.Alloc(uint64(n))
-			require.NoError(t, err)
-			t.Cleanup(func() { ctx.Free(p) })
-			return p
-		}
+		alloc := cleanupAlloc(t, rb.comm.Context())
 		g.bufs = append(g.bufs, fusedBufs{in: alloc(maxBytes), residual: alloc(maxBytes), residOut: alloc(maxBytes),
 			normOut: alloc(maxBytes), gamma: alloc(ptx.MaxHidden * 4)})
 	}
 	return g
+}
+
+// cleanupAlloc returns a function that allocates n bytes of device memory in ctx, freed when
+// the test ends.
+func cleanupAlloc(t testing.TB, ctx *driver.Context) func(n int) driver.DevicePtr {
+	return func(n int) driver.DevicePtr {
+		p, err := ctx.Alloc(uint64(n))
+		require.NoError(t, err)
+		t.Cleanup(func() { ctx.Free(p) })
+		return p
+	}
 }
 
 // fusedCase is the data of one call shape: every rank's input, and the residual and gamma
@@ -698,13 +703,7 @@ func TestFusedPushInterleaved(t *testing.T) {
 			}
 			bufs := make([][]pushStepBufs, ws)
 			for r, rb := range g.ranks {
-				ctx := rb.comm.Context()
-				alloc := func(n int) driver.DevicePtr {
-					p, err := ctx.Alloc(uint64(n))
-					require.NoError(t, err)
-					t.Cleanup(func() { ctx.Free(p) })
-					return p
-				}
+				alloc := cleanupAlloc(t, rb.comm.Context())
 				for _, st := range steps {
 					n := st.count * dt.Size()
 					if st.fused {
