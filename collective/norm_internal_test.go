@@ -84,7 +84,7 @@ func TestFusedSelected(t *testing.T) {
 		shared bool
 		want   Algorithm
 	}{
-		{1, false, OneShot}, // 16 KiB over 8 ranks: the fused call has no push
+		{1, false, OneShot}, // 16 KiB over 8 ranks: the selection takes no push
 		{7, true, OneShot},  // fewer rows than ranks
 		{8, false, OneShot},
 		{64, false, OneShot}, // 1 MiB over 8 ranks, through tmp: fewer than 9 rows a rank

@@ -156,9 +156,10 @@
 // In, the pair's sum, the residual and both outputs are registered (and a
 // graph shares them anyway), so a TwoShot writes the finished rows straight
 // into every rank's outputs. -a auto lets each call pick its algorithm (the
-// path and pair path columns say which); -a oneshot or twoshot forces both
-// calls to it; -a all runs oneshot and twoshot as two blocks; -a push is
-// refused, the fused call has no push kernel.
+// path and pair path columns say which); -a oneshot, twoshot or push forces
+// both calls to it (the fused push takes calls up to the communicator's
+// PushMaxBytes, which -a push raises to the largest call); -a all runs
+// oneshot and twoshot as two blocks.
 //
 // Checking (-c 1): fresh activations for each row count (inputs in [-1, 1],
 // the residual in [-4, 4] and gamma in [-1.5, 1.5], both the same on every
