@@ -85,15 +85,15 @@ type FusedArgs struct {
 //     It takes calls up to Options.PushMaxBytes. The selection never takes it: on an H100
 //     with virtual ranks it was slower than OneShot at 1 to 16 rows of 8192 bf16 at 2, 4
 //     and 8 ranks (one row: 3.9-4.1 against 3.3-3.4 us at 2 ranks, 8.2-8.3 against 6.4-6.5
-//     at 8; docs/benchmarks.md, "Fused push, a block a row"), its receive of a whole row
-//     in one SM being the cost.
+//     at 8; docs/benchmarks.md, "Fused push, a block a row"; docs/kernel-abi.md says
+//     where the time likely goes).
 //   - NCCL, where goccl's kernels cannot take the call (past MaxBytes, or a communicator they
 //     cannot serve) and the communicator has NCCL, or where NCCL is forced: see below.
 //
 // Options.Algorithm (or GOCCL_ALGO) forces an algorithm as it does for AllReduce; a
-// communicator forced to Push selects as Auto (the fused Push is slower). The fused kernels are JIT-compiled on first use of each
-// (algorithm, element type), or by LoadFused: a process that drives several ranks must call
-// LoadFused first (see there).
+// communicator forced to Push selects as Auto (the fused Push is slower). The fused kernels
+// are JIT-compiled on first use of each (algorithm, element type), or by LoadFused: a process
+// that drives several ranks must call LoadFused first (see there).
 //
 // Through NCCL the call is two steps on stream: NCCL's all-reduce of In into a sum buffer,
 // then the residual add and RMSNorm of this rank (ResidualRMSNorm's kernel) from that sum.
@@ -196,10 +196,10 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 // LoadFused loads now the kernels that AllReduceResidualRMSNorm and ResidualRMSNorm launch
 // for dt, which otherwise load on the first call of each (algorithm, element type): the fused
 // one-shot (up to 8 ranks two builds: with the row cache, for calls of few rows, and without),
-// Columns where the communicator may take it, two-shot and push of the communicator's barrier
-// scope, and the single-rank residual add + RMSNorm kernel (on a communicator that NCCL alone
-// serves, that one alone). It is not a
-// collective call and launches nothing; a second call finds them loaded.
+// Columns where the communicator may take it and the two-shot, all of the communicator's
+// barrier scope, the push (its one build), and the single-rank residual add + RMSNorm kernel
+// (on a communicator that NCCL alone serves, that one alone). It is not a collective call and
+// launches nothing; a second call finds them loaded.
 //
 // Loading a module can wait for the kernels running on the device: with the driver's lazy
 // loading (the default since CUDA 12.2) loading a kernel may synchronize the context. In a

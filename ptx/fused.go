@@ -437,7 +437,9 @@ func (k *kernel) PairRows() [][2]string {
 // size their grids by (collective would halve the fused grid). At 2 ranks it takes 62 on its
 // own; from 5 ranks the plain kernels fit one block per SM too.
 func (k *kernel) MaxRegs() int {
-	if k.rowCache && k.Algo == "oneshot" && k.WS >= 3 && k.WS <= 4 {
+	// (Columns is built on the one-shot's spec, so its k.Algo is "oneshot" too; the fused push
+	// needs more than 64 and spills under the cap)
+	if k.rowCache && k.Algo == OneShot.String() && k.WS >= 3 && k.WS <= 4 {
 		return 64
 	}
 	return 0
