@@ -37,8 +37,8 @@
 // ResidualOut = allreduce(In) + Residual and NormOut = RMSNorm(ResidualOut) * Gamma, in one
 // kernel (one-shot; two-shot, where each rank norms a band of whole rows; or, from 8 ranks on
 // one GPU and few rows, columns, where each rank sums a band of every row's columns: picked by
-// rows and world size), with the same barriers, watchdog, registration, graphs and PDL as
-// AllReduce.
+// rows and world size; push where AllReduceResidualRMSNormWith asks for it), with the same
+// barriers, watchdog, registration, graphs and PDL as AllReduce.
 // The sum makes no extra trip through HBM and the layer pays one launch instead of two. The
 // arithmetic order, and so every rounding, is fixed (docs/kernel-abi.md); internal/ref
 // reproduces it bit for bit. Where the kernels cannot take the call (past MaxBytes, a
