@@ -111,8 +111,8 @@ func FusedPushParams(worldSize int) []Param {
 	}
 }
 
-// A fused call of few rows spreads each row over several blocks (FusedPieces), so that more
-// SMs move its data: each block then holds the sums of squares of only its warps, and the
+// A fused two-shot call of few rows a rank spreads each row of its band over several blocks
+// (FusedPieces), so that more SMs move its data: each block then holds the sums of squares of only its warps, and the
 // row's blocks meet once per row, in the kernel, to add them all. They meet in the own signal
 // region, which only this rank's kernels write.
 const (
@@ -121,8 +121,8 @@ const (
 	// the last one arrives, so that every call finds them 0 (the region is zeroed once at
 	// creation). It follows the call's 64 reserved vectors.
 	FusedRowSyncOffset = CallOffset + MaxBlocks*VectorBytes
-	// MaxSplitRows bounds the rows of a call (or, two-shot, of a rank's band) that the fused
-	// kernels spread over several blocks: at least two blocks each, at most MaxBlocks blocks.
+	// MaxSplitRows bounds the rows of a rank's two-shot band that the fused kernels spread
+	// over several blocks: at least two blocks each, at most MaxBlocks blocks.
 	MaxSplitRows = MaxBlocks / 2
 	// MaxPieces is the most blocks a row is spread over: one warp each.
 	MaxPieces = ThreadsPerBlock / 32
@@ -437,8 +437,9 @@ func (k *kernel) PairRows() [][2]string {
 // size their grids by (collective would halve the fused grid). At 2 ranks it takes 62 on its
 // own; from 5 ranks the plain kernels fit one block per SM too.
 func (k *kernel) MaxRegs() int {
-	// (Columns is built on the one-shot's spec, so its k.Algo is "oneshot" too; the fused push
-	// needs more than 64 and spills under the cap)
+	// (Columns is built on the one-shot's spec, so its k.Algo is "oneshot" too; the fused push,
+	// which keeps a row cache as well, needs more than 64 and spills under the cap, so its entry
+	// carries no limit)
 	if k.rowCache && k.Algo == OneShot.String() && k.WS >= 3 && k.WS <= 4 {
 		return 64
 	}
