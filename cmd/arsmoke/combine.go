@@ -184,7 +184,7 @@ func (e *combinedEngine) RunFused(ctx context.Context, c FusedCase) (FusedMeasur
 	}
 	m = all[0]
 	for _, o := range all[1:] {
-		m.Fused, m.Unfused = max(m.Fused, o.Fused), max(m.Unfused, o.Unfused)
+		m.Fused, m.Unfused, m.AllReduce = max(m.Fused, o.Fused), max(m.Unfused, o.Unfused), max(m.AllReduce, o.AllReduce)
 		m.FusedWrong += o.FusedWrong
 		m.UnfusedWrong += o.UnfusedWrong
 		if m.First == nil {

@@ -186,8 +186,11 @@
 //
 //	rows, bytes (each rank's input), type, path (the fused call's
 //	algorithm), pair path (what served the pair's all-reduce), fused (us),
-//	unfused (us), ratio (fused / unfused: below 1 the fused call is
-//	faster), #wrong (fused and unfused together)
+//	unfused (us), pair a-r alone (us: the pair's all-reduce timed by
+//	itself, so unfused less this is what the norm kernel adds, the most a
+//	fused kernel that reduces no faster than that all-reduce can save),
+//	ratio (fused / unfused: below 1 the fused call is faster), #wrong
+//	(fused and unfused together)
 //
 // Each table ends with the out-of-bounds line and
 //
@@ -200,9 +203,10 @@
 // With --json, min_bytes, max_bytes and sizes describe the row counts'
 // inputs, blocks is empty, and fused holds the results: hidden, rows, eps,
 // blocks (algo, backend, wrong, avg_ratio, and rows with rows, bytes, type,
-// path, pair_path, fused_us, unfused_us, ratio, wrong, fused_wrong,
-// unfused_wrong) and first_mismatch (algo, rows, call: fused or unfused,
-// output: ResidualOut, NormOut or sum, rank, index, expected, got).
+// path, pair_path, fused_us, unfused_us, allreduce_us, ratio, wrong,
+// fused_wrong, unfused_wrong) and first_mismatch (algo, rows, call: fused
+// or unfused, output: ResidualOut, NormOut or sum, rank, index, expected,
+// got).
 //
 // # Tuning
 //

@@ -172,7 +172,7 @@ func installFake(mode string) {
 			}
 			fakeFused = func(c FusedCase) (FusedMeasurement, error) {
 				m := recordedFused(c)
-				m.Fused, m.Unfused = 10*m.Fused, 10*m.Unfused
+				m.Fused, m.Unfused, m.AllReduce = 10*m.Fused, 10*m.Unfused, 10*m.AllReduce
 				return m, nil
 			}
 		case mode == "err1" && cfg.Proc.Rank == 1:

@@ -186,6 +186,10 @@ type FusedMeasurement struct {
 	// Fused and Unfused are the mean times of one fused call and of one unfused pair, on the
 	// slowest rank; Fused is 0 with the nccl backend.
 	Fused, Unfused time.Duration
+	// AllReduce is the mean time of the pair's all-reduce alone, timed the same way: Unfused
+	// less AllReduce is what the pair's norm kernel adds, the most that fusing the norm into
+	// the all-reduce can save.
+	AllReduce time.Duration
 	// Path is the fused call's algorithm ("" with nccl); PairPath what served the pair's
 	// all-reduce (oneshot, twoshot, push or nccl).
 	Path, PairPath string
@@ -281,6 +285,8 @@ type fusedRow struct {
 	PairPath  string  `json:"pair_path"`
 	FusedUS   float64 `json:"fused_us,omitempty"`
 	UnfusedUS float64 `json:"unfused_us"`
+	// AllReduceUS is the pair's all-reduce alone (FusedMeasurement.AllReduce).
+	AllReduceUS float64 `json:"allreduce_us"`
 	// Ratio is the fused time over the unfused one: below 1, the fused call is faster.
 	Ratio        float64 `json:"ratio,omitempty"`
 	Wrong        int64   `json:"wrong"`
@@ -306,7 +312,7 @@ func newFusedReport(c config) *fusedReport {
 func newFusedRow(rows, hidden int, dt dtype.DType, m FusedMeasurement) fusedRow {
 	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 	row := fusedRow{Rows: rows, Bytes: int64(rows) * int64(hidden) * int64(dt.Size()), Type: dt.String(),
-		Path: m.Path, PairPath: m.PairPath, FusedUS: us(m.Fused), UnfusedUS: us(m.Unfused),
+		Path: m.Path, PairPath: m.PairPath, FusedUS: us(m.Fused), UnfusedUS: us(m.Unfused), AllReduceUS: us(m.AllReduce),
 		FusedWrong: m.FusedWrong, UnfusedWrong: m.UnfusedWrong, Wrong: m.FusedWrong + m.UnfusedWrong}
 	if row.FusedUS > 0 && row.UnfusedUS > 0 {
 		row.Ratio = row.FusedUS / row.UnfusedUS
@@ -438,6 +444,7 @@ func renderFusedBlock(w io.Writer, r *report, b fusedBlock) {
 		cols = append(cols, fusedColumn{9, "fused", "(us)", func(x fusedRow) string { return us(x.FusedUS) }})
 	}
 	cols = append(cols, fusedColumn{9, "unfused", "(us)", func(x fusedRow) string { return us(x.UnfusedUS) }})
+	cols = append(cols, fusedColumn{10, "pair a-r", "alone (us)", func(x fusedRow) string { return us(x.AllReduceUS) }})
 	if fused {
 		cols = append(cols, fusedColumn{7, "ratio", "(f/u)", func(x fusedRow) string { return fmt.Sprintf("%.2f", x.Ratio) }})
 	}

@@ -43,7 +43,7 @@ func (f *fakeEngine) RunFused(_ context.Context, c FusedCase) (FusedMeasurement,
 
 func recordedFused(c FusedCase) FusedMeasurement {
 	bytes := int64(c.Rows * c.Hidden * c.DType.Size())
-	m := FusedMeasurement{Fused: time.Duration(6000 + bytes/300), Unfused: time.Duration(9000 + bytes/200),
+	m := FusedMeasurement{Fused: time.Duration(6000 + bytes/300), Unfused: time.Duration(9000 + bytes/200), AllReduce: time.Duration(7000 + bytes/250),
 		Path: c.Algo, PairPath: c.Algo}
 	if c.Algo == "auto" {
 		m.Path, m.PairPath = "oneshot", "oneshot"
@@ -58,7 +58,7 @@ func recordedFused(c FusedCase) FusedMeasurement {
 		}
 	}
 	if c.Backend == backendNCCL {
-		m.Fused, m.Unfused, m.Path, m.PairPath = 0, time.Duration(20000+bytes/150), "", "nccl"
+		m.Fused, m.Unfused, m.AllReduce, m.Path, m.PairPath = 0, time.Duration(20000+bytes/150), time.Duration(18000+bytes/180), "", "nccl"
 	}
 	return m
 }
