@@ -579,15 +579,18 @@ func TestRMSNormKernel(t *testing.T) {
 // finished rows straight into every rank's outputs; fused-nonorm is the residual add alone
 // (NoNorm), which tells the norm's part of the fused call; fused-oneshot, fused-twoshot and
 // fused-push (where the call fits PushMaxBytes) force the algorithm (outputs not shared: the
-// two-shot goes through tmp), for the selection table.
+// two-shot goes through tmp), for the selection table; allreduce is the pair's all-reduce
+// alone, so that the pair less it is the norm kernel's share, the most fusing can save.
 func BenchmarkAllReduceResidualRMSNorm(b *testing.B) {
 	requireGPU(b)
 	const hidden = 8192
 	dt := dtype.BFloat16
 	for _, ws := range []int{2, 4, 8} {
 		for _, rows := range []int{1, 2, 4, 8, 16, 24, 32, 64, 128, 512} {
-			for _, variant := range []string{"fused", "fused-direct", "fused-nonorm", "fused-oneshot", "fused-twoshot", "fused-push", "unfused"} {
-				fused := variant != "unfused"
+			for _, variant := range []string{"fused", "fused-direct", "fused-nonorm", "fused-oneshot", "fused-twoshot", "fused-push", "unfused", "allreduce"} {
+				// allreduce: the pair's all-reduce alone, so that what the pair's norm kernel
+				// adds to it (unfused less allreduce), the most fusing can save, is in the run
+				fused := variant != "unfused" && variant != "allreduce"
 				if variant == "fused-push" && int64(rows*hidden*dt.Size()) > collective.DefaultPushMaxBytes {
 					continue
 				}
@@ -631,6 +634,9 @@ func BenchmarkAllReduceResidualRMSNorm(b *testing.B) {
 							}
 							// the sum goes to residOut, which the in-place pair does not otherwise use
 							require.NoError(b, c.AllReduce(s, bf.residOut, bf.in, rows*hidden, dt))
+							if variant == "allreduce" {
+								return
+							}
 							require.NoError(b, c.ResidualRMSNorm(s, collective.FusedArgs{NormOut: bf.normOut, ResidualOut: bf.residual,
 								In: bf.residOut, Residual: bf.residual, Gamma: bf.gamma, Rows: rows, Hidden: hidden, Eps: fusedEps, DType: dt}))
 						})
