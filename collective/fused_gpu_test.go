@@ -591,7 +591,7 @@ func BenchmarkAllReduceResidualRMSNorm(b *testing.B) {
 				// allreduce: the pair's all-reduce alone, so that what the pair's norm kernel
 				// adds to it (unfused less allreduce), the most fusing can save, is in the run
 				fused := variant != "unfused" && variant != "allreduce"
-				if variant == "fused-push" && int64(rows*hidden*dt.Size()) > collective.DefaultPushMaxBytes {
+				if variant == "fused-push" && !slices.Contains(fusedAlgos(dt, rows, hidden), collective.Push) {
 					continue
 				}
 				b.Run(fmt.Sprintf("ws%d/rows%d/%s", ws, rows, variant), func(b *testing.B) {
@@ -671,6 +671,14 @@ type pushStep struct {
 	alias        string
 }
 
+// elems is the step's element count: a fused call's rows*hidden, a plain one's count.
+func (st pushStep) elems() int {
+	if st.fused {
+		return st.rows * st.hidden
+	}
+	return st.count
+}
+
 // pushStepBufs are one rank's buffers of one step, and its data.
 type pushStepBufs struct {
 	in, residual, residOut, normOut, gamma, out driver.DevicePtr
@@ -711,10 +719,7 @@ func TestFusedPushInterleaved(t *testing.T) {
 			for r, rb := range g.ranks {
 				alloc := cleanupAlloc(t, rb.comm.Context())
 				for _, st := range steps {
-					n := st.count * dt.Size()
-					if st.fused {
-						n = st.rows * st.hidden * dt.Size()
-					}
+					n := st.elems() * dt.Size()
 					bufs[r] = append(bufs[r], pushStepBufs{in: alloc(n), residual: alloc(n), residOut: alloc(n), normOut: alloc(n),
 						gamma: alloc(ptx.MaxHidden * 4), out: alloc(n)})
 				}
@@ -756,10 +761,7 @@ func TestFusedPushInterleaved(t *testing.T) {
 			upload := func() []stepData {
 				data := make([]stepData, len(steps))
 				for i, st := range steps {
-					n := st.count
-					if st.fused {
-						n = st.rows * st.hidden
-					}
+					n := st.elems()
 					d := stepData{inputs: make([][]byte, ws), residual: ref.Activations(rng, dt, n, 4)}
 					for r := range d.inputs {
 						d.inputs[r] = ref.Activations(rng, dt, n, 1)

@@ -24,15 +24,9 @@ func (c *Comm) fusedPush(stream *driver.Stream, a FusedArgs) error {
 	}
 	hvec := a.Hidden * a.DType.Size() / ptx.VectorBytes
 	blocks, threads := c.pushBlocks, ptx.FusedThreads(hvec)
-	flags := uint32(0)
-	if c.earlyTrigger(ptx.Push, blocks*slots) {
-		// The kernel's only trigger is after its sends, before it has seen any peer: push's
-		// flagged trigger, which needs room beside the rank's largest grid.
-		flags = ptx.FlagEarlyTrigger
-	}
-	if a.NoNorm {
-		flags |= ptx.FlagNoNorm
-	}
+	// The kernel's only trigger is after its sends, before it has seen any peer: push's
+	// flagged trigger, which needs room beside the rank's largest grid, counted in slots.
+	flags := c.fusedFlags(ptx.Push, blocks*slots, a.NoNorm)
 	ws8 := 8 * c.size
 	args := &c.args
 	args.Reset()

@@ -112,9 +112,9 @@ func FusedPushParams(worldSize int) []Param {
 }
 
 // A fused two-shot call of few rows a rank spreads each row of its band over several blocks
-// (FusedPieces), so that more SMs move its data: each block then holds the sums of squares of only its warps, and the
-// row's blocks meet once per row, in the kernel, to add them all. They meet in the own signal
-// region, which only this rank's kernels write.
+// (FusedPieces), so that more SMs move its data: each block then holds the sums of squares of
+// only its warps, and the row's blocks meet once per row, in the kernel, to add them all. They
+// meet in the own signal region, which only this rank's kernels write.
 const (
 	// FusedRowSyncOffset is the byte offset, in the signal region, of fused_rows[MaxSplitRows]
 	// (u32): the arrivals of the blocks of a spread row, counted by atom.inc and back at 0 when
