@@ -29,10 +29,11 @@ import (
 // It is not a collective call: a rank calls it whenever its sum is ready, and no peer waits
 // for it. It only enqueues one kernel on stream (with programmatic dependent launch where the
 // communicator launches its own kernels so, so that it overlaps the tail of the all-reduce
-// before it) and returns; Close waits for it like for the all-reduces, and a graph captures
-// it like any kernel. The kernel is JIT-compiled on the first call of each element type, or
-// by LoadFused (which a process driving several ranks needs). It
-// needs goccl's kernels: on a communicator that NCCL alone serves it returns an error.
+// before it; the kernel in turn lets the next one launch as soon as it starts) and returns;
+// Close waits for it like for the all-reduces, and a graph captures it like any kernel. The
+// kernel is JIT-compiled on the first call of each element type, or by LoadFused (which a
+// process driving several ranks needs). It needs goccl's kernels: on a communicator that
+// NCCL alone serves it returns an error.
 func (c *Comm) ResidualRMSNorm(stream *driver.Stream, a FusedArgs) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()

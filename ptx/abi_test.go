@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/dtype"
 )
 
 func TestEarlyTriggerRoom(t *testing.T) {
@@ -90,5 +92,35 @@ func TestEarlyTriggerAnyGrid(t *testing.T) {
 		}
 		require.GreaterOrEqual(t, entry, 0, "%s: no entry barrier", k.name)
 		assert.Greater(t, trigger, entry, "%s: the first PDL trigger (line %d) must follow the entry barrier's release of the block (line %d)", k.name, trigger+1, entry+1)
+	}
+}
+
+// TestNormTriggersAtStart checks where the single-rank norm kernel lets the next kernel of its
+// stream launch: once, right after its griddepcontrol.wait and before it reads any data. It
+// waits on no peer, so its blocks finish whatever the next kernel's blocks hold
+// (internal/protomodel's Local kernels).
+func TestNormTriggersAtStart(t *testing.T) {
+	for _, dt := range dtype.All {
+		s := NormSpec{DType: dt, Target: SM90}
+		src, err := s.Generate()
+		require.NoError(t, err)
+		wait, trigger, triggers, load := -1, -1, 0, -1
+		for i, line := range strings.Split(string(src), "\n") {
+			instr, _, _ := strings.Cut(line, "//")
+			switch {
+			case strings.Contains(instr, "griddepcontrol.wait;"):
+				wait = i
+			case strings.Contains(instr, "griddepcontrol.launch_dependents;"):
+				triggers++
+				trigger = i
+			case load < 0 && strings.Contains(instr, "ld.global"):
+				load = i
+			}
+		}
+		require.GreaterOrEqual(t, wait, 0, "%s: no griddepcontrol.wait", s.EntryName())
+		require.GreaterOrEqual(t, load, 0, "%s: no global load", s.EntryName())
+		assert.Equal(t, 1, triggers, "%s: one trigger", s.EntryName())
+		assert.Greater(t, trigger, wait, "%s: the trigger (line %d) follows griddepcontrol.wait (line %d)", s.EntryName(), trigger+1, wait+1)
+		assert.Less(t, trigger, load, "%s: the trigger (line %d) comes before the first load (line %d)", s.EntryName(), trigger+1, load+1)
 	}
 }

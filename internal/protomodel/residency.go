@@ -20,11 +20,13 @@ const (
 	// the model must catch deadlocking once ranks share the GPU tightly. With every call
 	// EntryFirst it is safe (see EarlyAfterEntry).
 	EarlyAlways
-	// EarlyAfterEntry sets the flag on every EntryFirst grid, whatever its size, and on the
-	// SendFirst grids that EarlyWhereRoom allows. An EntryFirst kernel triggers only once every
+	// EarlyAfterEntry sets the flag on every EntryFirst and Local grid, whatever its size,
+	// and on the SendFirst grids that EarlyWhereRoom allows. An EntryFirst kernel triggers only once every
 	// one of its blocks is past the entry barrier, so block b of every rank's same call is
 	// resident, for every b: the next kernel's blocks can no longer keep any rank's current
-	// kernel from becoming resident, and the current kernels finish without another slot.
+	// kernel from becoming resident, and the current kernels finish without another slot. A
+	// Local kernel triggers once every one of its blocks is resident and past
+	// griddepcontrol.wait, and those blocks finish without waiting for anything.
 	EarlyAfterEntry
 )
 
@@ -60,6 +62,11 @@ const (
 	// receives are the exit wait; when the message is smaller than its grid, its last blocks
 	// have no vector and wait for no peer (ResidencyConfig.Idle).
 	EntryFirst
+	// Local is a kernel of one rank that waits on no peer: the residual add + RMSNorm of the
+	// unfused pair, between two all-reduces. Its early trigger sits just past
+	// griddepcontrol.wait, as SendFirst's, but nothing it does afterwards waits for another
+	// block, so EarlyAfterEntry lets it trigger early at any grid.
+	Local
 )
 
 // String names the kind.
@@ -69,6 +76,8 @@ func (k KernelKind) String() string {
 		return "send first"
 	case EntryFirst:
 		return "entry first"
+	case Local:
+		return "local"
 	}
 	return fmt.Sprintf("KernelKind(%d)", int(k))
 }
@@ -152,7 +161,8 @@ type residency struct {
 // SendFirst block, whose early trigger is just past griddepcontrol.wait (the earliest any
 // kernel triggers), folds its waits on peers into that one; an EntryFirst block calls it the
 // entry barrier, triggers early past it, and waits again at the exit barrier until the same
-// block of every rank is past the entry barrier. An idle block (ResidencyConfig.Idle) waits
+// block of every rank is past the entry barrier. A Local block triggers past
+// griddepcontrol.wait too, and waits for no one. An idle block (ResidencyConfig.Idle) waits
 // for no peer and triggers only by exiting. Then the block exits, some steps later. Every
 // step takes one enabled transition at random, hosts queuing calls included, so one rank can
 // run ahead while another's host lags. A run ends when every block has exited, or with an
@@ -174,8 +184,8 @@ func Residency(cfg ResidencyConfig) (ResidencyStats, error) {
 		return ResidencyStats{}, fmt.Errorf("protomodel: %d kinds for %d calls: want at most one a call", len(cfg.Kinds), len(cfg.Grids))
 	}
 	for k, kind := range cfg.Kinds {
-		if kind != SendFirst && kind != EntryFirst {
-			return ResidencyStats{}, fmt.Errorf("protomodel: call %d has kind %v: want SendFirst or EntryFirst", k, kind)
+		if kind != SendFirst && kind != EntryFirst && kind != Local {
+			return ResidencyStats{}, fmt.Errorf("protomodel: call %d has kind %v: want SendFirst, EntryFirst or Local", k, kind)
 		}
 	}
 	if len(cfg.Idle) > len(cfg.Grids) {
@@ -237,7 +247,7 @@ func (c *ResidencyConfig) early(k int) bool {
 	case EarlyWhereRoom:
 		return c.Grids[k] <= c.Room
 	case EarlyAfterEntry:
-		return c.kind(k) == EntryFirst || c.Grids[k] <= c.Room
+		return c.kind(k) != SendFirst || c.Grids[k] <= c.Room
 	}
 	return false
 }
@@ -376,6 +386,10 @@ func (m *residency) moves(buf []move) []move {
 					to = stagePastPeer
 				case s == stageWaitPrev && prevExited:
 					to = stageAtPeer
+				case s == stageAtPeer && m.kind(k) == Local:
+					// No wait on a peer: past griddepcontrol.wait (and the early
+					// trigger), the block runs to its end.
+					to = stagePastPeer
 				case s == stageAtPeer && m.kind(k) == EntryFirst && m.peersAt(k, b, stageAtPeer):
 					// The entry barrier: block b of every rank is resident and past
 					// griddepcontrol.wait.

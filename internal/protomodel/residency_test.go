@@ -41,9 +41,10 @@ type residencyMix struct {
 }
 
 // residencyKinds are the kind mixes every case of grids runs with: nil (every call SendFirst,
-// as before kinds), every call EntryFirst, and each call's kind at random, the slice sometimes
-// a call short (that call SendFirst); the last two again with idle blocks (residencyIdle). The
-// draws are the same on every run of the tests.
+// as before kinds), every call EntryFirst, each call's kind at random, the slice sometimes a
+// call short (that call SendFirst), and unfused pairs (every other call Local, the others
+// SendFirst or EntryFirst at random); the last three again with idle blocks (residencyIdle).
+// The draws are the same on every run of the tests.
 func residencyKinds(grids []int, rng *rand.Rand) []residencyMix {
 	entry := make([]KernelKind, len(grids))
 	for k := range entry {
@@ -53,14 +54,23 @@ func residencyKinds(grids []int, rng *rand.Rand) []residencyMix {
 	for k := range mixed {
 		mixed[k] = KernelKind(rng.IntN(2))
 	}
+	pairs := make([]KernelKind, len(grids))
+	for k := range pairs {
+		pairs[k] = KernelKind(rng.IntN(2))
+		if k%2 == 1 {
+			pairs[k] = Local
+		}
+	}
 	return []residencyMix{{"send first", nil, nil}, {"entry first", entry, nil}, {"mixed", mixed, nil},
+		{"pairs", pairs, nil},
 		{"entry first, idle", entry, residencyIdle(grids, entry, rng)},
-		{"mixed, idle", mixed, residencyIdle(grids, mixed, rng)}}
+		{"mixed, idle", mixed, residencyIdle(grids, mixed, rng)},
+		{"pairs, idle", pairs, residencyIdle(grids, pairs, rng)}}
 }
 
 // residencyIdle draws idle blocks for calls of grids and kinds: every other EntryFirst call
 // or so has 0 to all but one of its blocks idle, as a message smaller than the grid leaves
-// them; SendFirst calls have none.
+// them; SendFirst and Local calls have none.
 func residencyIdle(grids []int, kinds []KernelKind, rng *rand.Rand) []int {
 	idle := make([]int, len(kinds))
 	for k, kind := range kinds {
@@ -75,11 +85,11 @@ func residencyIdle(grids []int, kinds []KernelKind, rng *rand.Rand) []int {
 // trigger where either rule allows it (and with the late trigger only, and without PDL), no
 // schedule deadlocks, whatever the calls' kinds and idle blocks; the runs did put a rank's
 // next kernel on the GPU beside its previous one, and those with early triggers beside one
-// still waiting on a peer, EarlyAfterEntry's also beside EntryFirst grids larger than the
-// room, which the room rule alone would not let trigger early, and beside EntryFirst grids
-// with idle blocks, with a lagging rank's idle block still waiting for a slot.
+// still waiting on a peer, EarlyAfterEntry's also beside EntryFirst and Local grids larger
+// than the room, which the room rule alone would not let trigger early, and beside EntryFirst
+// grids with idle blocks, with a lagging rank's idle block still waiting for a slot.
 func TestResidencyRule(t *testing.T) {
-	overlaps, earlyOverlaps, entryOverlaps, idleOverlaps, idleLags := 0, 0, 0, 0, 0
+	overlaps, earlyOverlaps, entryOverlaps, localOverlaps, idleOverlaps, idleLags := 0, 0, 0, 0, 0, 0
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, c := range residencyCases() {
 		for _, mix := range residencyKinds(c.Grids, rng) {
@@ -112,6 +122,9 @@ func TestResidencyRule(t *testing.T) {
 						if c.Rule == EarlyAfterEntry && c.kind(k-1) == EntryFirst && c.Grids[k-1] > c.Room {
 							entryOverlaps += n
 						}
+						if c.Rule == EarlyAfterEntry && c.kind(k-1) == Local && c.Grids[k-1] > c.Room {
+							localOverlaps += n
+						}
 						if c.Rule == EarlyAfterEntry && c.idleBlocks(k-1) > 0 {
 							idleOverlaps += n
 						}
@@ -123,9 +136,10 @@ func TestResidencyRule(t *testing.T) {
 	assert.Positive(t, overlaps, "PDL runs placed a next kernel beside its predecessor")
 	assert.Positive(t, earlyOverlaps, "runs with early triggers placed a next kernel beside a predecessor still waiting")
 	assert.Positive(t, entryOverlaps, "EarlyAfterEntry runs placed a next kernel beside an EntryFirst predecessor larger than the room, still at its exit barrier")
+	assert.Positive(t, localOverlaps, "EarlyAfterEntry runs placed a next kernel beside a Local predecessor larger than the room, still running")
 	assert.Positive(t, idleOverlaps, "EarlyAfterEntry runs placed a next kernel beside a predecessor with idle blocks, still at its exit barrier")
 	assert.Positive(t, idleLags, "EarlyAfterEntry runs placed blocks while another rank's idle block waited for a slot")
-	t.Logf("early overlaps %d (after EntryFirst grids over the room %d, after grids with idle blocks %d), idle lags %d", earlyOverlaps, entryOverlaps, idleOverlaps, idleLags)
+	t.Logf("early overlaps %d (after EntryFirst grids over the room %d, after Local ones %d, after grids with idle blocks %d), idle lags %d", earlyOverlaps, entryOverlaps, localOverlaps, idleOverlaps, idleLags)
 }
 
 // TestResidencyEntryFirstEarlyAlways checks the claim behind EarlyAfterEntry at its limit:
@@ -291,8 +305,8 @@ func TestResidencyConfigErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "5 blocks")
 	_, err = Residency(ResidencyConfig{Ranks: 2, Slots: 4, Grids: []int{1}, Kinds: []KernelKind{EntryFirst, SendFirst}})
 	assert.ErrorContains(t, err, "2 kinds for 1 calls")
-	_, err = Residency(ResidencyConfig{Ranks: 2, Slots: 4, Grids: []int{1, 1}, Kinds: []KernelKind{EntryFirst, 2}})
-	assert.ErrorContains(t, err, "call 1 has kind KernelKind(2)")
+	_, err = Residency(ResidencyConfig{Ranks: 2, Slots: 4, Grids: []int{1, 1}, Kinds: []KernelKind{EntryFirst, 3}})
+	assert.ErrorContains(t, err, "call 1 has kind KernelKind(3)")
 	_, err = Residency(ResidencyConfig{Ranks: 2, Slots: 4, Grids: []int{1}, Kinds: []KernelKind{-1}})
 	assert.ErrorContains(t, err, "call 0 has kind KernelKind(-1)")
 	entry := []KernelKind{EntryFirst, EntryFirst}
@@ -308,6 +322,8 @@ func TestResidencyConfigErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "call 1 has 1 idle blocks but is send first")
 	_, err = Residency(ResidencyConfig{Ranks: 2, Slots: 4, Grids: []int{2, 2}, Kinds: entry[:1], Idle: []int{0, 1}})
 	assert.ErrorContains(t, err, "call 1 has 1 idle blocks but is send first", "a call past Kinds is SendFirst")
+	_, err = Residency(ResidencyConfig{Ranks: 2, Slots: 4, Grids: []int{2, 2}, Kinds: []KernelKind{EntryFirst, Local}, Idle: []int{0, 1}})
+	assert.ErrorContains(t, err, "call 1 has 1 idle blocks but is local")
 	_, err = Residency(ResidencyConfig{Ranks: 2, Slots: 4, Grids: []int{2, 2}, Idle: []int{0, 0}})
 	assert.NoError(t, err, "SendFirst calls with no idle blocks")
 	assert.Equal(t, "early always", EarlyAlways.String())
