@@ -21,11 +21,11 @@ const (
 	// EntryFirst it is safe (see EarlyAfterEntry).
 	EarlyAlways
 	// EarlyAfterEntry sets the flag on every EntryFirst and Local grid, whatever its size,
-	// and on the SendFirst grids that EarlyWhereRoom allows. An EntryFirst kernel triggers only once every
-	// one of its blocks is past the entry barrier, so block b of every rank's same call is
-	// resident, for every b: the next kernel's blocks can no longer keep any rank's current
-	// kernel from becoming resident, and the current kernels finish without another slot. A
-	// Local kernel triggers once every one of its blocks is resident and past
+	// and on the SendFirst grids that EarlyWhereRoom allows. An EntryFirst kernel triggers
+	// only once every one of its blocks is past the entry barrier, so block b of every rank's
+	// same call is resident, for every b: the next kernel's blocks can no longer keep any
+	// rank's current kernel from becoming resident, and the current kernels finish without
+	// another slot. A Local kernel triggers once every one of its blocks is resident and past
 	// griddepcontrol.wait, and those blocks finish without waiting for anything.
 	EarlyAfterEntry
 )
