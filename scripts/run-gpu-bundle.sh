@@ -7,13 +7,15 @@
 # Logs go to $OUT (or ./out). GOCCL_REQUIRE_GPU=1 makes a GPU test that would skip fail.
 # Multi-process tests run with the MPS daemon when nvidia-cuda-mps-control exists (so that
 # the ranks' kernels run concurrently); it is started with private pipe and log folders and
-# stopped afterwards. Every binary runs under `timeout`, so a hung kernel cannot eat the call.
+# stopped afterwards. Every binary runs under `timeout` (GOCCL_BUNDLE_TIMEOUT seconds, 900 by
+# default: collective's GPU tests take about 400 s on one H100), so a hung kernel cannot eat
+# the machine.
 set -u
 cd "$(dirname "$0")"
 out=${OUT:-./out}
 mkdir -p "$out"
 export GOCCL_REQUIRE_GPU=1
-limit=${GOCCL_BUNDLE_TIMEOUT:-540}
+limit=${GOCCL_BUNDLE_TIMEOUT:-900}
 
 run() { # name binary args...
   local name=$1; shift
