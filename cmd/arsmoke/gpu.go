@@ -444,10 +444,17 @@ func (e *gpuEngine) allReduce(algo collective.Algorithm, c Case, count int) func
 
 // timeRanks times iters calls of call on every rank, each rank from its own goroutine, with
 // events on the rank's stream; the slowest rank's mean is the result. Graphs are captured
-// through backend's communicator. Eagerly: warmup untimed
-// calls, then iters timed ones. With graph: iters calls captured into one CUDA graph per rank
-// (Comm.Capture, as each process of a real job would), replayed untimed for the warm-up
-// (graphReplays), then once timed.
+// through backend's communicator. Eagerly: warmup untimed calls, then iters timed ones. With
+// graph: iters calls captured into one CUDA graph per rank (Comm.Capture, as each process of
+// a real job would), replayed untimed for the warm-up (graphReplays), then once timed.
+//
+// Each rank's goroutine enqueues its warm-up and its timed pass in one go, so that its start
+// event fires when its warm-up ends on the GPU rather than when the goroutine reaches the
+// driver. The ranks' warm-ups end together (their kernels wait for each other); the
+// goroutines' launches do not (with virtual ranks they take turns in one process's driver),
+// and a start event recorded on an idle stream would put into the slowest rank's time how
+// much later its peers' first calls were issued, spread over the iters calls. With no
+// warm-up (-w 0) the streams are idle and the timed pass includes that again.
 func (e *gpuEngine) timeRanks(ctx context.Context, backend string, graph bool, warmup, iters int, call func(r *engineRank) error) (time.Duration, error) {
 	calls := func(r *engineRank, n int) error {
 		for range n {
@@ -457,21 +464,20 @@ func (e *gpuEngine) timeRanks(ctx context.Context, backend string, graph bool, w
 		}
 		return nil
 	}
-	// run enqueues one pass on every rank (timed: between the rank's events) and waits for it.
-	run := func(timed bool, pass func(r *engineRank) error) error {
+	// run enqueues on every rank n untimed units of work, then one timed unit between the
+	// rank's events, and waits for all of it.
+	run := func(n int, unit func(r *engineRank, n int) error, timed int) error {
 		err := e.parallel(func(r *engineRank) error {
-			if timed {
-				if err := r.start.Record(r.stream); err != nil {
-					return err
-				}
-			}
-			if err := pass(r); err != nil {
+			if err := unit(r, n); err != nil {
 				return err
 			}
-			if timed {
-				return r.end.Record(r.stream)
+			if err := r.start.Record(r.stream); err != nil {
+				return err
 			}
-			return nil
+			if err := unit(r, timed); err != nil {
+				return err
+			}
+			return r.end.Record(r.stream)
 		})
 		if err != nil {
 			return err
@@ -479,10 +485,7 @@ func (e *gpuEngine) timeRanks(ctx context.Context, backend string, graph bool, w
 		return e.wait(ctx)
 	}
 	if !graph {
-		if err := run(false, func(r *engineRank) error { return calls(r, warmup) }); err != nil {
-			return 0, err
-		}
-		if err := run(true, func(r *engineRank) error { return calls(r, iters) }); err != nil {
+		if err := run(warmup, calls, iters); err != nil {
 			return 0, err
 		}
 		return e.slowest(iters)
@@ -503,16 +506,15 @@ func (e *gpuEngine) timeRanks(ctx context.Context, backend string, graph bool, w
 	if err != nil {
 		return 0, err
 	}
-	launch := func(r *engineRank) error { return r.graph.Launch(r.stream) }
-	for range graphReplays(warmup, iters) {
-		if err := e.parallel(launch); err != nil {
-			return 0, err
+	replays := func(r *engineRank, n int) error {
+		for range n {
+			if err := r.graph.Launch(r.stream); err != nil {
+				return err
+			}
 		}
+		return nil
 	}
-	if err := e.wait(ctx); err != nil {
-		return 0, err
-	}
-	if err := run(true, launch); err != nil {
+	if err := run(graphReplays(warmup, iters), replays, 1); err != nil {
 		return 0, err
 	}
 	return e.slowest(iters)
