@@ -464,11 +464,11 @@ func (e *gpuEngine) timeRanks(ctx context.Context, backend string, graph bool, w
 		}
 		return nil
 	}
-	// run enqueues on every rank n untimed units of work, then one timed unit between the
-	// rank's events, and waits for all of it.
-	run := func(n int, unit func(r *engineRank, n int) error, timed int) error {
+	// run enqueues on every rank untimed units of work, then timed more between the rank's
+	// events (a unit is a call, or a graph replay), and waits for all of it.
+	run := func(untimed int, unit func(r *engineRank, n int) error, timed int) error {
 		err := e.parallel(func(r *engineRank) error {
-			if err := unit(r, n); err != nil {
+			if err := unit(r, untimed); err != nil {
 				return err
 			}
 			if err := r.start.Record(r.stream); err != nil {
