@@ -8,8 +8,8 @@
 # Multi-process tests run with the MPS daemon when nvidia-cuda-mps-control exists (so that
 # the ranks' kernels run concurrently); it is started with private pipe and log folders and
 # stopped afterwards. Every binary runs under `timeout` (GOCCL_BUNDLE_TIMEOUT seconds, 900 by
-# default: collective's GPU tests take about 400 s on one H100), so a hung kernel cannot eat
-# the machine.
+# default: collective's GPU tests but the multi-process one ran past 370 s on one H100), so a
+# hung kernel cannot eat the machine.
 set -u
 cd "$(dirname "$0")"
 out=${OUT:-./out}
