@@ -67,9 +67,9 @@ type FusedArgs struct {
 //     GPU-scope barriers (every rank on one GPU), calls of up to 512/ranks rows take OneShot's
 //     Columns kernel instead, also where TwoShot would otherwise serve them: each rank reduces
 //     its band of the columns of every row into every rank's ResidualOut (where it is visible
-//     to the peers: registered, or under Capture; else, from 3 rows a rank, through the tmp
-//     buffers, from which each rank gathers its rows), then norms its own rows. Same bits as
-//     OneShot, 1/ranks of the loads a row.
+//     to the peers: registered, or under Capture, from 2 rows a rank; else, from 3 rows a
+//     rank, through the tmp buffers, from which each rank gathers its rows), then norms its
+//     own rows. Same bits as OneShot, 1/ranks of the loads a row.
 //   - TwoShot, for more rows: each rank reduces and norms its band of rows, then every rank
 //     gathers the finished rows; when ResidualOut and NormOut are both visible to the peers
 //     (registered with Register, or under Capture), each rank writes its finished rows
@@ -379,8 +379,10 @@ func (c *Comm) fusedColumns(rows int) bool {
 }
 
 // columnsServe reports whether the Columns kernel takes a fused OneShot call (fusedColumns):
-// into every rank's ResidualOut where it is shared; else through the tmp buffers, from
-// fusedColumnsTmpRowsPerRank rows a rank and where its bands fit them (ptx.ColumnsTmpBytes).
+// into every rank's ResidualOut where it is shared, from fusedColumnsRowsPerRank rows a rank
+// where the one-shot with the row cache would serve the call (fusedRowCache), from one row
+// where it would not; else through the tmp buffers, from fusedColumnsTmpRowsPerRank rows a
+// rank and where its bands fit them (ptx.ColumnsTmpBytes).
 // Through tmp each rank gathers every vector of its rows from the vector's owner and stores
 // it, which costs more than reading back its own ResidualOut: on an H200 (8 virtual ranks,
 // hidden 8192 bf16, BenchmarkAllReduceResidualRMSNorm, outputs not shared, two passes) the
@@ -393,7 +395,7 @@ func (c *Comm) columnsServe(a FusedArgs, residShared bool) bool {
 		return false
 	}
 	if residShared {
-		return true
+		return a.Rows >= fusedColumnsRowsPerRank*c.size || !fusedRowCache(ptx.OneShot, c.size, a.Rows, c.blocks)
 	}
 	hvec := a.Hidden * a.DType.Size() / ptx.VectorBytes
 	return a.Rows >= fusedColumnsTmpRowsPerRank*c.size && ptx.ColumnsTmpBytes(c.size, a.Rows, hvec) <= int64(c.layout.recv-c.layout.tmp)
@@ -402,6 +404,15 @@ func (c *Comm) columnsServe(a FusedArgs, residShared bool) bool {
 // fusedColumnsTmpRowsPerRank is the fewest rows a rank of a Columns call through tmp: see
 // columnsServe.
 const fusedColumnsTmpRowsPerRank = 3
+
+// fusedColumnsRowsPerRank is the fewest rows a rank of a direct Columns call where the one-shot
+// with the row cache could take it instead. Below it the row cache's one-shot is the faster:
+// on an H100 (8 virtual ranks, hidden 8192 bf16, one graph per rank, ResidualOut shared; two
+// calls of three passes, docs/benchmarks.md, "Columns against the row cache") it took 4.93 to
+// 4.97 us against Columns' 5.82 to 5.89 at one row, 5.42 to 5.52 against 5.93 to 6.01 at 8
+// rows and 5.87 to 5.91 against 6.09 to 6.15 at 12, and lost at 16 (6.39 to 6.47 against 6.25
+// to 6.32).
+const fusedColumnsRowsPerRank = 2
 
 // fusedCall is the call fingerprint of a fused launch of kernel; direct says that it writes
 // into every rank's outputs through their table (p_resid_outs). A Columns launch through the
@@ -420,8 +431,8 @@ func (c *Comm) fusedCall(kernel ptx.Algorithm, a FusedArgs, direct bool) uint64 
 // worldSize ranks (0: none): from 8 ranks, up to 512/worldSize rows (64 at 8 ranks, 32 at
 // 16). Measured on an H200, virtual ranks, hidden 8192 bf16, one graph per rank (arsmoke
 // --fused -g, ResidualOut shared; docs/benchmarks.md, "Columns"), us: at 8 ranks Columns
-// against the row cache's one-shot 5.93-6.31 against 5.78-6.34 at 1 row, 5.90-6.23 against
-// 6.51-6.62 at 8, 7.60-7.88 against 10.24-10.30 at 24. Against the direct TwoShot, with the
+// against the one-shot 7.60-7.88 against 10.24-10.30 at 24 rows (below 2 rows a rank the
+// row cache's one-shot wins: fusedColumnsRowsPerRank). Against the direct TwoShot, with the
 // blocks of more than one row norming two at once (the grid is 16 blocks at 8 ranks on one
 // GPU, 8 at 16): at 8 ranks 10.23-10.60 against 11.73-11.91 at 48 rows, 11.42-11.76 against
 // 11.88-12.51 at 64, 16.04-16.23 against 14.37-14.70 at 96 (TwoShot from there); at 16 ranks

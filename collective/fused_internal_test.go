@@ -131,17 +131,24 @@ func TestRouteFused(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, tc.want, got, "%+v", tc)
 	}
-	// which kernel OneShot launches: Columns direct up to 64 rows, through tmp from 24 to 64
+	// which kernel OneShot launches: Columns direct from 16 rows (below, the one-shot with the
+	// row cache, whose grid of 16 blocks takes up to 16 rows) to 64, through tmp from 24 to 64
+	gpu.blocks = 16
 	for _, tc := range []struct {
 		rows        int
 		residShared bool
 		want        bool
 	}{
-		{1, true, true}, {64, true, true}, {65, true, false},
+		{1, true, false}, {15, true, false}, {16, true, true}, {64, true, true}, {65, true, false},
 		{1, false, false}, {23, false, false}, {24, false, true}, {64, false, true}, {65, false, false},
 	} {
 		assert.Equal(t, tc.want, gpu.columnsServe(FusedArgs{Rows: tc.rows, Hidden: 8192, DType: BFloat16}, tc.residShared), "%+v", tc)
 	}
+	// where the row cache cannot take the call (more rows than blocks), Columns takes it from one row
+	narrow := newComm(Auto, 8, 2<<20)
+	narrow.scope, narrow.blocks = ptx.ScopeGPU, 4
+	assert.False(t, narrow.columnsServe(FusedArgs{Rows: 4, Hidden: 8192, DType: BFloat16}, true))
+	assert.True(t, narrow.columnsServe(FusedArgs{Rows: 5, Hidden: 8192, DType: BFloat16}, true))
 	small := newComm(Auto, 8, 256<<10) // a tmp buffer of about 32 KiB: 32 rows of bands do not fit
 	small.scope = ptx.ScopeGPU
 	assert.False(t, small.columnsServe(FusedArgs{Rows: 32, Hidden: 8192, DType: BFloat16}, false))
