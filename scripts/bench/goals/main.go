@@ -1,9 +1,12 @@
 // Command goals renders what scripts/bench/goals.sh measured as the status tables of
 // docs/benchmarks.md, in Markdown:
 //
-//	go run ./scripts/bench/goals DIR
+//	go run ./scripts/bench/goals DIR...
 //
-// DIR is goals.sh's output folder. Each part it finds is rendered, the others are left out:
+// Each DIR is an output folder of goals.sh: one run of every part, or one folder per part where
+// each part ran in a call of its own. Each part found is rendered, the others are left out; a
+// file that two folders both hold is an error (the same measurement twice). The header comes
+// from the first folder that has it.
 //
 //   - the fused all-reduce + residual + RMSNorm against the unfused pair, one CUDA graph per
 //     rank (fused_ws*_p*.json, arsmoke --fused --json) and in the fork/join harness
@@ -22,7 +25,6 @@ package main
 import (
 	"bufio"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -39,11 +41,11 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) != 1 {
-		fmt.Fprintln(stderr, "usage: goals DIR   (DIR: the output folder of scripts/bench/goals.sh)")
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, "usage: goals DIR...   (DIR: an output folder of scripts/bench/goals.sh)")
 		return 2
 	}
-	out, err := render(args[0])
+	out, err := render(args)
 	if err != nil {
 		fmt.Fprintf(stderr, "goals: %v\n", err)
 		return 1
@@ -56,12 +58,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// render reads every part goals.sh wrote into dir and returns the tables of those it found.
-func render(dir string) (string, error) {
+// render reads every part goals.sh wrote into dirs and returns the tables of those it found.
+func render(dirs []string) (string, error) {
+	files, err := list(dirs)
+	if err != nil {
+		return "", err
+	}
 	var b strings.Builder
-	header(&b, dir)
+	header(&b, dirs)
 	parts := 0
-	fused, err := readFusedRuns(dir)
+	fused, err := readFusedRuns(files)
 	if err != nil {
 		return "", err
 	}
@@ -69,7 +75,7 @@ func render(dir string) (string, error) {
 		renderFusedGraphs(&b, fused)
 		parts++
 	}
-	bench, err := readBench(filepath.Join(dir, "forkjoin_fused.txt"))
+	bench, err := readBench(files["forkjoin_fused.txt"])
 	if err != nil {
 		return "", err
 	}
@@ -77,7 +83,7 @@ func render(dir string) (string, error) {
 		renderFusedForkJoin(&b, bench)
 		parts++
 	}
-	bench, err = readBench(filepath.Join(dir, "points.txt"))
+	bench, err = readBench(files["points.txt"])
 	if err != nil {
 		return "", err
 	}
@@ -85,26 +91,60 @@ func render(dir string) (string, error) {
 		renderPoints(&b, bench)
 		parts++
 	}
-	if ok, err := renderTune(&b, dir); err != nil {
+	if ok, err := renderTune(&b, files); err != nil {
 		return "", err
 	} else if ok {
 		parts++
 	}
 	if parts == 0 {
-		return "", fmt.Errorf("%s holds none of goals.sh's outputs (fused_ws*_p*.json, forkjoin_fused.txt, points.txt, tune.log)", dir)
+		return "", fmt.Errorf("%s: none of goals.sh's outputs (fused_ws*_p*.json, forkjoin_fused.txt, points.txt, tune.log, default_*.log)", strings.Join(dirs, ", "))
 	}
 	return b.String(), nil
 }
 
+// headerFiles are what every run of goals.sh writes; list takes them from the first folder.
+var headerFiles = []string{"date.txt", "gpu.txt", "build.json"}
+
+// list maps the name of every file in dirs to its path; a measurement that two folders hold is
+// an error (the header files and the steps' standard error, .err, are taken from the first).
+func list(dirs []string) (map[string]string, error) {
+	files := map[string]string{}
+	for _, dir := range dirs {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range entries {
+			name, path := e.Name(), filepath.Join(dir, e.Name())
+			prev, seen := files[name]
+			switch {
+			case !seen:
+				files[name] = path
+			case !slices.Contains(headerFiles, name) && !strings.HasSuffix(name, ".err"):
+				return nil, fmt.Errorf("%s and %s: the same measurement twice; render one of them", prev, path)
+			}
+		}
+	}
+	return files, nil
+}
+
 // header names the run: its date, goccl's build as arsmoke reported it (build.json) and the GPU
-// and driver (gpu.txt).
-func header(b *strings.Builder, dir string) {
-	date := firstLine(filepath.Join(dir, "date.txt"))
-	gpu := firstLine(filepath.Join(dir, "gpu.txt"))
+// and driver (gpu.txt), from the first folder that has each.
+func header(b *strings.Builder, dirs []string) {
+	first := func(name string) string {
+		for _, dir := range dirs {
+			if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+				return filepath.Join(dir, name)
+			}
+		}
+		return ""
+	}
+	date := firstLine(first("date.txt"))
+	gpu := firstLine(first("gpu.txt"))
 	var build struct {
 		Goccl string `json:"goccl"`
 	}
-	if data, err := os.ReadFile(filepath.Join(dir, "build.json")); err == nil {
+	if data, err := os.ReadFile(first("build.json")); err == nil {
 		_ = json.Unmarshal(data, &build) // a run that failed leaves the build unknown
 	}
 	fmt.Fprintf(b, "Measured %s at %s on %s (virtual ranks on one GPU) by scripts/bench/goals.sh.\n",
@@ -200,29 +240,25 @@ func (p *fusedPoint) verdict() string {
 
 var fusedRunName = regexp.MustCompile(`^fused_ws(\d+)_p(\d+)\.json$`)
 
-// readFusedRuns reads every fused_ws*_p*.json of dir into points keyed by ranks and rows, in
-// order. A run that stopped early is an error: its table would be short without saying so.
-func readFusedRuns(dir string) ([]*fusedPoint, error) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, err
-	}
+// readFusedRuns reads every fused_ws*_p*.json of files into points keyed by ranks and rows,
+// in order. A run that stopped early is an error: its table would be short without saying so.
+func readFusedRuns(files map[string]string) ([]*fusedPoint, error) {
 	points := map[[2]int]*fusedPoint{}
 	builds := map[string]bool{}
-	for _, e := range entries {
-		if !fusedRunName.MatchString(e.Name()) {
+	for _, name := range sortedNames(files) {
+		if !fusedRunName.MatchString(name) {
 			continue
 		}
-		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		data, err := os.ReadFile(files[name])
 		if err != nil {
 			return nil, err
 		}
 		var r fusedRun
 		if err := json.Unmarshal(data, &r); err != nil {
-			return nil, fmt.Errorf("%s: not arsmoke's JSON (%v): see the file for what the run printed", e.Name(), err)
+			return nil, fmt.Errorf("%s: not arsmoke's JSON (%v): see the file (and %s.err) for what the run printed", files[name], err, name)
 		}
 		if r.Error != "" || r.Fused == nil {
-			return nil, fmt.Errorf("%s: the run stopped: %s", e.Name(), orUnknown(r.Error))
+			return nil, fmt.Errorf("%s: the run stopped: %s", files[name], orUnknown(r.Error))
 		}
 		builds[r.Goccl] = true
 		for _, blk := range r.Fused.Blocks {
@@ -242,6 +278,16 @@ func readFusedRuns(dir string) ([]*fusedPoint, error) {
 		return nil, fmt.Errorf("the fused runs come from %d builds of goccl (%v): one folder a build", len(builds), keys(builds))
 	}
 	return sortedPoints(points), nil
+}
+
+// sortedNames is the names of files in order.
+func sortedNames(files map[string]string) []string {
+	var names []string
+	for name := range files {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
 }
 
 func keys(m map[string]bool) []string {
@@ -299,12 +345,12 @@ type benchResults map[string]map[string]span
 
 var procsSuffix = regexp.MustCompile(`-\d+$`)
 
-// readBench reads `go test -bench` output; a missing file is no results.
+// readBench reads `go test -bench` output; no file ("") is no results.
 func readBench(path string) (benchResults, error) {
-	f, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
+	if path == "" {
 		return nil, nil
 	}
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
@@ -464,9 +510,13 @@ var (
 
 // renderTune summarises tune.log (the world sizes, their bands and gains) and the default
 // runs' average bus bandwidth with the table and without; it reports whether there was any.
-func renderTune(b *strings.Builder, dir string) (bool, error) {
+func renderTune(b *strings.Builder, files map[string]string) (bool, error) {
 	found := false
-	if data, err := os.ReadFile(filepath.Join(dir, "tune.log")); err == nil {
+	if path, ok := files["tune.log"]; ok {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return false, err
+		}
 		found = true
 		b.WriteString("\n### Tuning table\n\n`arsmoke --tune --worlds 2,4,8 --device 0 -o tune.json`:\n\n```\n")
 		for line := range strings.SplitSeq(string(data), "\n") {
@@ -475,26 +525,20 @@ func renderTune(b *strings.Builder, dir string) (bool, error) {
 			}
 		}
 		b.WriteString("```\n")
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return false, err
-	}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return false, err
 	}
 	bw := map[[2]string]span{}
-	for _, e := range entries {
-		sub := defaultLog.FindStringSubmatch(e.Name())
+	for _, name := range sortedNames(files) {
+		sub := defaultLog.FindStringSubmatch(name)
 		if sub == nil {
 			continue
 		}
-		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		data, err := os.ReadFile(files[name])
 		if err != nil {
 			return false, err
 		}
 		m := avgBusBW.FindSubmatch(data)
 		if m == nil {
-			return false, fmt.Errorf("%s: no average bus bandwidth: the run did not finish (see the file)", e.Name())
+			return false, fmt.Errorf("%s: no average bus bandwidth: the run did not finish (see the file and %s.err)", files[name], name)
 		}
 		v, _ := strconv.ParseFloat(string(m[1]), 64)
 		k := [2]string{sub[1], sub[2]}
@@ -505,13 +549,14 @@ func renderTune(b *strings.Builder, dir string) (bool, error) {
 		b.WriteString("\narsmoke's default run (`arsmoke --ranks 8 --device 0 [-g]`), average bus bandwidth, GB/s, each pass:\n\n")
 		b.WriteString("| calls | with the table | GOCCL_TUNE=off |\n|---|---|---|\n")
 		for _, mode := range []string{"eager", "graph"} {
-			fmt.Fprintf(b, "| %s | %s | %s |\n", mode, list(bw[[2]string{mode, "on"}]), list(bw[[2]string{mode, "off"}]))
+			fmt.Fprintf(b, "| %s | %s | %s |\n", mode, passes(bw[[2]string{mode, "on"}]), passes(bw[[2]string{mode, "off"}]))
 		}
 	}
 	return found, nil
 }
 
-func list(s span) string {
+// passes lists a figure's values in the order of the passes.
+func passes(s span) string {
 	parts := make([]string, len(s))
 	for i, v := range s {
 		parts[i] = fmt.Sprintf("%.1f", v)
