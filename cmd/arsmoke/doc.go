@@ -218,9 +218,12 @@
 // Each is measured with several grids: 16, 24, 32, 36, 48 and 64 blocks for
 // oneshot and twoshot, 8, 16 and 32 for push, with automatic and 256-thread
 // blocks, each capped by what the ranks can keep resident on their GPU
-// (--quick: 16, 36 and 64 blocks, push 16, automatic threads). Every call is
-// out of place, and every result is checked bitwise against the reference as
-// in a sweep: a wrong one stops the run (exit 1). From the times it derives,
+// (--quick: 16, 36 and 64 blocks, push 16, automatic threads). Every case is
+// timed three times, in three passes over its communicator's cases, and its
+// fastest time counts, so that one timing a host-side delay lengthened
+// decides nothing (--quick: once). Every call is out of place, and every
+// result is checked bitwise against the reference as in a sweep: a wrong one
+// stops the run (exit 1). From the times it derives,
 // per kind of call, the size bands of each algorithm and their grids, and
 // one push grid (every push call of a communicator must use the same), and
 // writes them as a section of the tuning table for this GPU, driver and

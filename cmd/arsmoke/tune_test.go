@@ -395,8 +395,8 @@ func TestRunTune(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	code := run(strings.Fields("--tune --worlds 2,4 -e 1M -o "+out), &stdout, &stderr)
 	require.Equal(t, exitPass, code, stderr.String())
-	assert.Equal(t, "arsmoke: --tune: 2 ranks (1 GPU, 2 ranks in 1 process): 12 communicators, 912 cases\n"+
-		"arsmoke: --tune: 4 ranks (1 GPU, 4 ranks in 1 process): 8 communicators, 648 cases\n", stderr.String())
+	assert.Equal(t, "arsmoke: --tune: 2 ranks (1 GPU, 2 ranks in 1 process): 12 communicators, 912 cases, each timed 3 times (the fastest counts)\n"+
+		"arsmoke: --tune: 4 ranks (1 GPU, 4 ranks in 1 process): 8 communicators, 648 cases, each timed 3 times (the fastest counts)\n", stderr.String())
 	require.Len(t, *worlds, 2)
 	assert.Equal(t, []int{0, 0}, (*worlds)[0].Devices, "virtual ranks on the lone GPU")
 	assert.Equal(t, int64(1<<20), (*worlds)[1].MaxBytes)
@@ -437,6 +437,62 @@ func TestRunTune(t *testing.T) {
 	code = run(strings.Fields("--tune --ranks 2 -e 16K --quick -o "+out), &stdout, &stderr)
 	require.Equal(t, exitPass, code, stderr.String())
 	assert.Contains(t, stdout.String(), "replacing a table that goccl could not use")
+}
+
+// spikyTuner is a fakeTuner whose first timing of every OneShot case of 16 KiB in each grid
+// takes a millisecond more, as a host-side delay does, and which counts its timings.
+type spikyTuner struct {
+	*fakeTuner
+	seen  map[tuneCase]bool
+	calls int
+}
+
+func (s *spikyTuner) Open(ctx context.Context, g tuneGrid) error {
+	s.seen = map[tuneCase]bool{}
+	return s.fakeTuner.Open(ctx, g)
+}
+
+func (s *spikyTuner) Time(ctx context.Context, tc tuneCase) (time.Duration, error) {
+	s.calls++
+	d, err := s.fakeTuner.Time(ctx, tc)
+	if tc.Algo == collective.OneShot && tc.Bytes == 16<<10 && !s.seen[tc] {
+		d += time.Millisecond
+	}
+	s.seen[tc] = true
+	return d, err
+}
+
+// TestRunTuneRepeats: every case is timed tuneRepeats times, a pass over the grid's cases each,
+// and the fastest counts, so that one delayed timing decides no band (the bands are those of
+// TestRunTune, whose times have no delay); --quick times each case once, and the delay shows.
+func TestRunTuneRepeats(t *testing.T) {
+	useFakeTuner(t, 1, nil)
+	inner := newTuneRunner
+	var tuners []*spikyTuner
+	newTuneRunner = func(ctx context.Context, cfg engineConfig, dt dtype.DType, iters, warmup int) (tuneRunner, error) {
+		r, err := inner(ctx, cfg, dt, iters, warmup)
+		if err != nil {
+			return nil, err
+		}
+		s := &spikyTuner{fakeTuner: r.(*fakeTuner)}
+		tuners = append(tuners, s)
+		return s, nil
+	}
+	var stdout, stderr bytes.Buffer
+	code := run(strings.Fields("--tune --ranks 2 --device 0 -e 1M -o "+filepath.Join(t.TempDir(), "tune.json")), &stdout, &stderr)
+	require.Equal(t, exitPass, code, stderr.String())
+	require.Len(t, tuners, 1)
+	assert.Equal(t, 3*912, tuners[0].calls, "912 cases, each timed 3 times")
+	assert.Contains(t, stdout.String(), "graph: push 8xauto up to 8K, oneshot 16xauto up to 16K, twoshot 24xauto above")
+
+	stdout.Reset()
+	code = run(strings.Fields("--tune --ranks 2 --device 0 -e 1M --quick -o "+filepath.Join(t.TempDir(), "tune.json")), &stdout, &stderr)
+	require.Equal(t, exitPass, code, stderr.String())
+	require.Len(t, tuners, 2)
+	quick, err := parseArgs(strings.Fields("--tune --ranks 2 --device 0 -e 1M --quick"))
+	require.NoError(t, err)
+	assert.Equal(t, planTune(h200Target(2), quick.sizes(), true).steps(), tuners[1].calls, "--quick: once each")
+	assert.NotContains(t, stdout.String(), "oneshot 16xauto up to 16K", "one delayed timing decides the band")
 }
 
 func TestRunTuneDefaultPath(t *testing.T) {
