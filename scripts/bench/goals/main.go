@@ -27,6 +27,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -245,7 +246,7 @@ var fusedRunName = regexp.MustCompile(`^fused_ws(\d+)_p(\d+)\.json$`)
 func readFusedRuns(files map[string]string) ([]*fusedPoint, error) {
 	points := map[[2]int]*fusedPoint{}
 	builds := map[string]bool{}
-	for _, name := range sortedNames(files) {
+	for _, name := range slices.Sorted(maps.Keys(files)) {
 		if !fusedRunName.MatchString(name) {
 			continue
 		}
@@ -275,28 +276,9 @@ func readFusedRuns(files map[string]string) ([]*fusedPoint, error) {
 		}
 	}
 	if len(builds) > 1 {
-		return nil, fmt.Errorf("the fused runs come from %d builds of goccl (%v): one folder a build", len(builds), keys(builds))
+		return nil, fmt.Errorf("the fused runs come from %d builds of goccl (%v): one folder a build", len(builds), slices.Sorted(maps.Keys(builds)))
 	}
 	return sortedPoints(points), nil
-}
-
-// sortedNames is the names of files in order.
-func sortedNames(files map[string]string) []string {
-	var names []string
-	for name := range files {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	return names
-}
-
-func keys(m map[string]bool) []string {
-	var k []string
-	for s := range m {
-		k = append(k, s)
-	}
-	slices.Sort(k)
-	return k
 }
 
 func sortedPoints(m map[[2]int]*fusedPoint) []*fusedPoint {
@@ -527,7 +509,7 @@ func renderTune(b *strings.Builder, files map[string]string) (bool, error) {
 		b.WriteString("```\n")
 	}
 	bw := map[[2]string]span{}
-	for _, name := range sortedNames(files) {
+	for _, name := range slices.Sorted(maps.Keys(files)) {
 		sub := defaultLog.FindStringSubmatch(name)
 		if sub == nil {
 			continue
