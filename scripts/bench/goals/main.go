@@ -4,9 +4,9 @@
 //	go run ./scripts/bench/goals DIR...
 //
 // Each DIR is an output folder of goals.sh: one run of every part, or one folder per part where
-// each part ran in a call of its own. Each part found is rendered, the others are left out; a
-// file that two folders both hold is an error (the same measurement twice). The header comes
-// from the first folder that has it.
+// each part ran in a call of its own. A file that two folders both hold is an error (the same
+// measurement twice); the header (date, commit, GPU) comes from the first folder that has it.
+// Each part found is rendered, the others are left out:
 //
 //   - the fused all-reduce + residual + RMSNorm against the unfused pair, one CUDA graph per
 //     rank (fused_ws*_p*.json, arsmoke --fused --json) and in the fork/join harness
@@ -66,7 +66,7 @@ func render(dirs []string) (string, error) {
 		return "", err
 	}
 	var b strings.Builder
-	header(&b, dirs)
+	header(&b, files)
 	parts := 0
 	fused, err := readFusedRuns(files)
 	if err != nil {
@@ -130,28 +130,19 @@ func list(dirs []string) (map[string]string, error) {
 }
 
 // header names the run: its date, goccl's build as arsmoke reported it (build.json) and the GPU
-// and driver (gpu.txt), from the first folder that has each.
-func header(b *strings.Builder, dirs []string) {
-	first := func(name string) string {
-		for _, dir := range dirs {
-			if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
-				return filepath.Join(dir, name)
-			}
-		}
-		return ""
-	}
-	date := firstLine(first("date.txt"))
-	gpu := firstLine(first("gpu.txt"))
+// and driver (gpu.txt).
+func header(b *strings.Builder, files map[string]string) {
 	var build struct {
 		Goccl string `json:"goccl"`
 	}
-	if data, err := os.ReadFile(first("build.json")); err == nil {
+	if data, err := os.ReadFile(files["build.json"]); err == nil {
 		_ = json.Unmarshal(data, &build) // a run that failed leaves the build unknown
 	}
 	fmt.Fprintf(b, "Measured %s at %s on %s (virtual ranks on one GPU) by scripts/bench/goals.sh.\n",
-		orUnknown(date), orUnknown(build.Goccl), orUnknown(gpu))
+		orUnknown(firstLine(files["date.txt"])), orUnknown(build.Goccl), orUnknown(firstLine(files["gpu.txt"])))
 }
 
+// firstLine is the first line of the file at path, trimmed; "" if there is none.
 func firstLine(path string) string {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -184,18 +175,13 @@ func (s span) String() string {
 
 // fusedRun is the part of arsmoke --fused --json that the tables use.
 type fusedRun struct {
-	Goccl  string `json:"goccl"`
-	Driver string `json:"driver"`
-	Ranks  int    `json:"ranks"`
-	Fused  *struct {
-		Hidden int `json:"hidden"`
+	Goccl string `json:"goccl"`
+	Ranks int    `json:"ranks"`
+	Fused *struct {
 		Blocks []struct {
-			Algo    string `json:"algo"`
-			Backend string `json:"backend"`
-			Rows    []struct {
+			Rows []struct {
 				Rows        int     `json:"rows"`
 				Path        string  `json:"path"`
-				PairPath    string  `json:"pair_path"`
 				FusedUS     float64 `json:"fused_us"`
 				UnfusedUS   float64 `json:"unfused_us"`
 				AllReduceUS float64 `json:"allreduce_us"`
@@ -215,6 +201,7 @@ type fusedPoint struct {
 	wrong                 int64
 }
 
+// add takes one pass's fused, pair and all-reduce times (us) and the fused call's path.
 func (p *fusedPoint) add(fused, pair, a float64, path string) {
 	p.fused = append(p.fused, fused)
 	p.pair = append(p.pair, pair)
@@ -281,6 +268,7 @@ func readFusedRuns(files map[string]string) ([]*fusedPoint, error) {
 	return sortedPoints(points), nil
 }
 
+// sortedPoints lists the points by ranks, then rows.
 func sortedPoints(m map[[2]int]*fusedPoint) []*fusedPoint {
 	var ps []*fusedPoint
 	for _, p := range m {
