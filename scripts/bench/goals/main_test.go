@@ -129,8 +129,9 @@ esac
 	write(t, bundle, "collective.test", `#!/bin/sh
 case "$*" in
 *AllReduceResidualRMSNorm*) for v in "fused 7.5" "unfused 8.5" "allreduce 6.1"; do set -- $v; echo "BenchmarkAllReduceResidualRMSNorm/ws8/rows1/$1-16 10 1 ns/op $2 us/layer"; done ;;
-*) echo "BenchmarkGraphForkJoinFloor/fork-rank0-pdl-early/ws8-16 10 1 ns/op 3.57 us/layer"
+*GraphForkJoinFloor*AllReduceGrid*) echo "BenchmarkGraphForkJoinFloor/fork-rank0-pdl-early/ws8-16 10 1 ns/op 3.57 us/layer"
    echo "BenchmarkAllReduceGrid/ws8/16K/push/sys/blocks0-16 10 1 ns/op 5.94 us/allreduce 2.8 algGB/s" ;;
+*) echo "collective.test: unexpected arguments: $*" >&2; exit 2 ;;
 esac
 `)
 	write(t, bin, "nvidia-smi", "#!/bin/sh\necho 'NVIDIA H200, 580.159.04'\n")
