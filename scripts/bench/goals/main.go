@@ -152,6 +152,7 @@ func firstLine(path string) string {
 	return strings.TrimSpace(line)
 }
 
+// orUnknown is s, or "(not recorded)" for "".
 func orUnknown(s string) string {
 	if s == "" {
 		return "(not recorded)"
@@ -283,6 +284,7 @@ func sortedPoints(m map[[2]int]*fusedPoint) []*fusedPoint {
 	return ps
 }
 
+// renderFusedGraphs writes the one-graph-per-rank table of the fused call against the pair.
 func renderFusedGraphs(b *strings.Builder, points []*fusedPoint) {
 	b.WriteString("\n### Fused against the pair, one graph per rank\n\n")
 	b.WriteString("`arsmoke --fused --hidden 8192 --rows 1,8,32,128,512 -g --json --ranks N --device 0`, us a layer; A is the pair's all-reduce alone, room = 0.75 pair - A.\n\n")
@@ -350,7 +352,7 @@ func readBench(path string) (benchResults, error) {
 	return res, sc.Err()
 }
 
-// value is the benchmark's first value in unit, and whether it ran.
+// value is the benchmark's figures in unit, one a run, and whether it ran.
 func (r benchResults) value(name, unit string) (span, bool) {
 	s, ok := r[name][unit]
 	return s, ok && len(s) > 0
@@ -358,6 +360,8 @@ func (r benchResults) value(name, unit string) (span, bool) {
 
 var fusedBenchName = regexp.MustCompile(`^AllReduceResidualRMSNorm/ws(\d+)/rows(\d+)/fused$`)
 
+// renderFusedForkJoin writes the fork/join harness's table of the fused call against the pair,
+// from BenchmarkAllReduceResidualRMSNorm's fused, unfused and allreduce variants.
 func renderFusedForkJoin(b *strings.Builder, r benchResults) {
 	m := map[[2]int]*fusedPoint{}
 	for name := range r {
@@ -410,6 +414,8 @@ var (
 
 var pointSizes = []string{"16K", "256K", "1M", "8M"}
 
+// renderPoints writes the twelve points: every kernel at both scopes, the best out of place at
+// each, and the best at system scope against the v2 figure.
 func renderPoints(b *strings.Builder, r benchResults) {
 	b.WriteString("\n### The target points\n\n")
 	b.WriteString("`BenchmarkAllReduceGrid/ws(2|4|8)/(16K|256K|1M|8M)/(oneshot|twoshot-direct|push|twoshot-inplace)/(gpu|sys)/blocks0$` and `BenchmarkGraphForkJoinFloor/fork-rank0-pdl-early`, `-test.benchtime 10x`, us per all-reduce, GPU scope / system scope. Best: out of place. v2: the target's figure (H200, another day; its floor in brackets).\n\n")
@@ -465,6 +471,7 @@ func renderPoints(b *strings.Builder, r benchResults) {
 	fmt.Fprintf(b, "\nAt system scope, within 0.9 of the v2 figure at %d of %d points.\n", within, total)
 }
 
+// num writes a best time, or nothing where no kernel ran (+Inf).
 func num(v float64) string {
 	if math.IsInf(v, 1) {
 		return ""
@@ -496,12 +503,23 @@ func renderTune(b *strings.Builder, files map[string]string) (bool, error) {
 		}
 		b.WriteString("```\n")
 	}
-	bw := map[[2]string]span{}
-	for _, name := range slices.Sorted(maps.Keys(files)) {
-		sub := defaultLog.FindStringSubmatch(name)
-		if sub == nil {
-			continue
+	// each mode and table's figures in the order of the passes (p1, p2, .., p10)
+	type run struct {
+		pass int
+		name string
+	}
+	var runs []run
+	for name := range files {
+		if sub := defaultLog.FindStringSubmatch(name); sub != nil {
+			pass, _ := strconv.Atoi(sub[3])
+			runs = append(runs, run{pass, name})
 		}
+	}
+	slices.SortFunc(runs, func(a, b run) int { return a.pass - b.pass })
+	bw := map[[2]string]span{}
+	for _, r := range runs {
+		name := r.name
+		sub := defaultLog.FindStringSubmatch(name)
 		data, err := os.ReadFile(files[name])
 		if err != nil {
 			return false, err
