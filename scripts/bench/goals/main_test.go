@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// write makes the file dir/name with text.
 func write(t *testing.T, dir, name, text string) {
 	t.Helper()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644))
@@ -26,6 +27,9 @@ func fusedJSON(build string, ranks int, f1, p1, a1 float64) string {
 		"verdict": {}}`
 }
 
+// TestRender renders a folder of every part: ranges over the passes, the room, each point's
+// verdict, the best kernel at each scope against the v2 figure, the tuning summary without the
+// per-size rows, and the default runs' bandwidth.
 func TestRender(t *testing.T) {
 	dir := t.TempDir()
 	write(t, dir, "date.txt", "2026-12-07\n")
@@ -74,6 +78,9 @@ func TestRender(t *testing.T) {
 	assert.Contains(t, out, "| graph | 116.4 |  |")
 }
 
+// TestRenderRefuses: a folder without any part, runs from two builds, a run that stopped or
+// printed no JSON and a default run without its average all fail with a message and no
+// tables; no folder at all is a usage error.
 func TestRenderRefuses(t *testing.T) {
 	for name, files := range map[string]map[string]string{
 		"nothing": {"other.txt": "x"},
