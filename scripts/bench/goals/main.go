@@ -505,21 +505,21 @@ func renderTune(b *strings.Builder, files map[string]string) (bool, error) {
 	}
 	// each mode and table's figures in the order of the passes (p1, p2, .., p10)
 	type run struct {
-		pass int
-		name string
+		pass       int
+		name       string
+		mode, with string
 	}
 	var runs []run
 	for name := range files {
 		if sub := defaultLog.FindStringSubmatch(name); sub != nil {
 			pass, _ := strconv.Atoi(sub[3])
-			runs = append(runs, run{pass, name})
+			runs = append(runs, run{pass, name, sub[1], sub[2]})
 		}
 	}
 	slices.SortFunc(runs, func(a, b run) int { return a.pass - b.pass })
 	bw := map[[2]string]span{}
 	for _, r := range runs {
 		name := r.name
-		sub := defaultLog.FindStringSubmatch(name)
 		data, err := os.ReadFile(files[name])
 		if err != nil {
 			return false, err
@@ -529,7 +529,7 @@ func renderTune(b *strings.Builder, files map[string]string) (bool, error) {
 			return false, fmt.Errorf("%s: no average bus bandwidth: the run did not finish (see the file and %s.err)", files[name], name)
 		}
 		v, _ := strconv.ParseFloat(string(m[1]), 64)
-		k := [2]string{sub[1], sub[2]}
+		k := [2]string{r.mode, r.with}
 		bw[k] = append(bw[k], v)
 	}
 	if len(bw) > 0 {
