@@ -32,53 +32,71 @@ const envMPRank = "GOCCL_MP_RANK"
 // still correct.
 func TestMultiProcess(t *testing.T) {
 	requireGPU(t)
-	const procs = 4
 	for _, kind := range []memory.Kind{memory.LegacyIPC, memory.VMM} {
 		t.Run(kind.String(), func(t *testing.T) {
-			sock := filepath.Join(t.TempDir(), "boot.sock")
-			token := make([]byte, 16)
-			crand.Read(token)
-			cmds := make([]*exec.Cmd, procs)
-			outs := make([]*bytes.Buffer, procs)
-			for r := range procs {
-				cmd := exec.Command(os.Args[0], "-test.run=^TestMultiProcessChild$", "-test.v")
-				cmd.Env = append(childEnv(), envMPRank+"="+strconv.Itoa(r), "GOCCL_MP_SIZE="+strconv.Itoa(procs),
-					"GOCCL_MP_SOCK="+sock, "GOCCL_MP_KIND="+strconv.Itoa(int(kind)), bootstrap.TokenEnv+"="+hex.EncodeToString(token))
-				outs[r] = &bytes.Buffer{}
-				cmd.Stdout, cmd.Stderr = outs[r], outs[r]
-				require.NoError(t, cmd.Start())
-				cmds[r] = cmd
-			}
-			timer := time.AfterFunc(4*time.Minute, func() {
-				for _, c := range cmds {
-					c.Process.Kill()
-				}
-			})
-			defer timer.Stop()
-			for r, c := range cmds {
-				err := c.Wait()
-				require.NoError(t, err, "rank %d failed:\n%s", r, outs[r])
-				require.Contains(t, outs[r].String(), "multiprocess rank ok", "rank %d:\n%s", r, outs[r])
-			}
-			t.Logf("rank 0 output:\n%s", outs[0])
+			runRankProcesses(t, 4, "TestMultiProcessChild", "multiprocess rank ok", 4*time.Minute,
+				"GOCCL_MP_KIND="+strconv.Itoa(int(kind)))
 		})
 	}
 }
 
-// TestMultiProcessChild is one rank of TestMultiProcess; it does nothing unless started by it.
-func TestMultiProcessChild(t *testing.T) {
+// runRankProcesses starts procs copies of this test binary, each running only the test
+// child as one rank of a group joined through a Unix socket (its rank, the world size, the
+// socket and a job token in its environment, with extraEnv), kills them all after limit, and
+// fails t unless every one exits cleanly having printed okLine. Rank 0's output is logged.
+func runRankProcesses(t *testing.T, procs int, child, okLine string, limit time.Duration, extraEnv ...string) {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "boot.sock")
+	token := make([]byte, 16)
+	crand.Read(token)
+	cmds := make([]*exec.Cmd, procs)
+	outs := make([]*bytes.Buffer, procs)
+	for r := range procs {
+		cmd := exec.Command(os.Args[0], "-test.run=^"+child+"$", "-test.v")
+		cmd.Env = append(childEnv(), envMPRank+"="+strconv.Itoa(r), "GOCCL_MP_SIZE="+strconv.Itoa(procs),
+			"GOCCL_MP_SOCK="+sock, bootstrap.TokenEnv+"="+hex.EncodeToString(token))
+		cmd.Env = append(cmd.Env, extraEnv...)
+		outs[r] = &bytes.Buffer{}
+		cmd.Stdout, cmd.Stderr = outs[r], outs[r]
+		require.NoError(t, cmd.Start())
+		cmds[r] = cmd
+	}
+	timer := time.AfterFunc(limit, func() {
+		for _, c := range cmds {
+			c.Process.Kill()
+		}
+	})
+	defer timer.Stop()
+	for r, c := range cmds {
+		err := c.Wait()
+		require.NoError(t, err, "rank %d failed:\n%s", r, outs[r])
+		require.Contains(t, outs[r].String(), okLine, "rank %d:\n%s", r, outs[r])
+	}
+	t.Logf("rank 0 output:\n%s", outs[0])
+}
+
+// joinAsRank is the start of a child of runRankProcesses: its rank and the world size, and
+// the bootstrap joined with the other processes within ctx. It skips t in a process that is
+// not such a child.
+func joinAsRank(ctx context.Context, t *testing.T, parent string) (rank, size int, boot bootstrap.Bootstrap) {
+	t.Helper()
 	rankStr := os.Getenv(envMPRank)
 	if rankStr == "" {
-		t.Skip("child of TestMultiProcess only")
+		t.Skip("child of " + parent + " only")
 	}
-	rank, _ := strconv.Atoi(rankStr)
-	size, _ := strconv.Atoi(os.Getenv("GOCCL_MP_SIZE"))
-	kindN, _ := strconv.Atoi(os.Getenv("GOCCL_MP_KIND"))
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-
+	rank, _ = strconv.Atoi(rankStr)
+	size, _ = strconv.Atoi(os.Getenv("GOCCL_MP_SIZE"))
 	boot, err := bootstrap.NewUnix(ctx, os.Getenv("GOCCL_MP_SOCK"), rank, size)
 	require.NoError(t, err)
+	return rank, size, boot
+}
+
+// TestMultiProcessChild is one rank of TestMultiProcess; it does nothing unless started by it.
+func TestMultiProcessChild(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rank, size, boot := joinAsRank(ctx, t, "TestMultiProcess")
+	kindN, _ := strconv.Atoi(os.Getenv("GOCCL_MP_KIND"))
 	start := time.Now()
 	comm, err := collective.New(ctx, 0, boot, collective.Options{IPC: memory.Kind(kindN), Timeout: 20 * time.Second})
 	require.NoError(t, err)

@@ -60,8 +60,8 @@ for bin in *.test; do
   # Only the multi-process tests run under MPS: virtual ranks in one process hang under it on
   # an H200, and need no MPS anyway.
   if [ "$name" = collective ]; then
-    run collective "./$bin" -test.v -test.skip '^TestMultiProcess$' || status=1
-    with_mps run collective-multiprocess "./$bin" -test.v -test.run '^TestMultiProcess$' || status=1
+    run collective "./$bin" -test.v -test.skip '^TestMultiProcess' || status=1
+    with_mps run collective-multiprocess "./$bin" -test.v -test.run '^TestMultiProcess(Fused)?$' || status=1
   elif [ "$name" = nccl ]; then
     # Several NCCL ranks share the one GPU as separate hosts (NCCL_HOSTID per process).
     run nccl "./$bin" -test.v -test.skip '^TestGPUMultiProcess$' || status=1
