@@ -203,6 +203,21 @@ var (
 	fusedRows   = []int{1, 2, 7, 32, 128, 513}
 )
 
+// eachFusedShape calls fn with every element type, hidden size of fusedHidden and row count
+// of fusedRows, f32 on a smaller grid (hidden 2048 and 4096, up to 128 rows).
+func eachFusedShape(fn func(dt dtype.DType, hidden, rows int)) {
+	for _, dt := range dtype.All {
+		for _, hidden := range fusedHidden {
+			for _, rows := range fusedRows {
+				if dt == dtype.Float32 && (hidden%2048 != 0 || hidden > 4096 || rows > 128) {
+					continue
+				}
+				fn(dt, hidden, rows)
+			}
+		}
+	}
+}
+
 // fusedAlgos are the algorithms a fused call of rows rows of hidden elements of dt is tested
 // with: OneShot and TwoShot always, Push where the call fits the default PushMaxBytes (rows
 // 1 to 32: more rows than the push grid has blocks in some).
@@ -227,39 +242,32 @@ func TestAllReduceResidualRMSNorm(t *testing.T) {
 	for _, ws := range []int{2, 4, 8, 16} {
 		t.Run(fmt.Sprintf("ws%d", ws), func(t *testing.T) {
 			g := newFusedGroup(t, ws, collective.Options{Timeout: 5 * time.Second}, maxBytes)
-			for _, dt := range dtype.All {
-				for _, hidden := range fusedHidden {
-					for _, rows := range fusedRows {
-						if dt == dtype.Float32 && (hidden%2048 != 0 || hidden > 4096 || rows > 128) {
-							continue // f32 on a smaller grid
-						}
-						fc := newFusedCase(rng, dt, ws, rows, hidden)
-						for _, algo := range fusedAlgos(dt, rows, hidden) {
-							what := fmt.Sprintf("%v %v rows %d hidden %d", algo, dt, rows, hidden)
-							wantR, wantN := fc.want(t, algo, false)
-							g.upload(fc)
-							if !g.call(fc, algo, true, false) {
-								t.Logf("%s: bands do not fit the tmp buffer, refused", what)
-								continue
-							}
-							g.syncAll(30 * time.Second)
-							g.checkFused(fc, wantR, wantN, true, what+" in place")
-							if hidden != 5120 || rows > 32 {
-								continue
-							}
-							g.upload(fc)
-							require.True(t, g.call(fc, algo, false, false))
-							g.syncAll(30 * time.Second)
-							g.checkFused(fc, wantR, wantN, false, what+" out of place")
-							wantR, _ = fc.want(t, algo, true)
-							g.upload(fc)
-							require.True(t, g.call(fc, algo, true, true))
-							g.syncAll(30 * time.Second)
-							g.checkFused(fc, wantR, nil, true, what+" NoNorm")
-						}
+			eachFusedShape(func(dt dtype.DType, hidden, rows int) {
+				fc := newFusedCase(rng, dt, ws, rows, hidden)
+				for _, algo := range fusedAlgos(dt, rows, hidden) {
+					what := fmt.Sprintf("%v %v rows %d hidden %d", algo, dt, rows, hidden)
+					wantR, wantN := fc.want(t, algo, false)
+					g.upload(fc)
+					if !g.call(fc, algo, true, false) {
+						t.Logf("%s: bands do not fit the tmp buffer, refused", what)
+						continue
 					}
+					g.syncAll(30 * time.Second)
+					g.checkFused(fc, wantR, wantN, true, what+" in place")
+					if hidden != 5120 || rows > 32 {
+						continue
+					}
+					g.upload(fc)
+					require.True(t, g.call(fc, algo, false, false))
+					g.syncAll(30 * time.Second)
+					g.checkFused(fc, wantR, wantN, false, what+" out of place")
+					wantR, _ = fc.want(t, algo, true)
+					g.upload(fc)
+					require.True(t, g.call(fc, algo, true, true))
+					g.syncAll(30 * time.Second)
+					g.checkFused(fc, wantR, nil, true, what+" NoNorm")
 				}
-			}
+			})
 		})
 	}
 }

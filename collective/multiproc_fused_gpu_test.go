@@ -59,30 +59,23 @@ func TestMultiProcessFusedChild(t *testing.T) {
 		residual: alloc(maxBytes), residOut: alloc(maxBytes), normOut: alloc(maxBytes), gamma: alloc(ptx.MaxHidden * 4)}}
 	rng := rand.New(rand.NewPCG(41, 42))
 
-	// Eager, nothing registered: the inputs go through the staging buffer, two-shot through
-	// tmp.
+	// Eager, nothing registered yet: one-shot and two-shot read the peers' inputs through
+	// their staging buffers, two-shot gathers through tmp.
 	cases := 0
-	for _, dt := range dtype.All {
-		for _, hidden := range fusedHidden {
-			for _, rows := range fusedRows {
-				if dt == dtype.Float32 && (hidden%2048 != 0 || hidden > 4096 || rows > 128) {
-					continue // f32 on a smaller grid
-				}
-				fc := newFusedCase(rng, dt, size, rows, hidden)
-				for _, algo := range fusedAlgos(dt, rows, hidden) {
-					what := fmt.Sprintf("%v %v rows %d hidden %d", algo, dt, rows, hidden)
-					if !fr.run(fc, algo, fr.args(fc, true, false), what+" in place") {
-						continue
-					}
-					cases++
-					if hidden == 5120 && rows <= 32 {
-						fr.run(fc, algo, fr.args(fc, false, false), what+" out of place")
-						fr.run(fc, algo, fr.args(fc, true, true), what+" NoNorm")
-					}
-				}
+	eachFusedShape(func(dt dtype.DType, hidden, rows int) {
+		fc := newFusedCase(rng, dt, size, rows, hidden)
+		for _, algo := range fusedAlgos(dt, rows, hidden) {
+			what := fmt.Sprintf("%v %v rows %d hidden %d", algo, dt, rows, hidden)
+			if !fr.run(fc, algo, fr.args(fc, true, false), what+" in place") {
+				continue
+			}
+			cases++
+			if hidden == 5120 && rows <= 32 {
+				fr.run(fc, algo, fr.args(fc, false, false), what+" out of place")
+				fr.run(fc, algo, fr.args(fc, true, true), what+" NoNorm")
 			}
 		}
-	}
+	})
 	t.Logf("rank %d: %d eager cases", rank, cases)
 
 	// Registered inputs (read in place by the peers), then registered outputs too (two-shot

@@ -40,22 +40,37 @@ func TestMultiProcess(t *testing.T) {
 	}
 }
 
-// runRankProcesses starts procs copies of this test binary, each running only the test
-// child as one rank of a group joined through a Unix socket (its rank, the world size, the
-// socket and a job token in its environment, with extraEnv), kills them all after limit, and
-// fails t unless every one exits cleanly having printed okLine. Rank 0's output is logged.
+// runRankProcesses starts procs children running the test child as ranks of a group joined
+// through a Unix socket (its rank, the world size, the socket and a job token in each one's
+// environment, with extraEnv), and fails t unless every one exits cleanly, within limit,
+// having printed okLine. Rank 0's output is logged.
 func runRankProcesses(t *testing.T, procs int, child, okLine string, limit time.Duration, extraEnv ...string) {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "boot.sock")
 	token := make([]byte, 16)
 	crand.Read(token)
-	cmds := make([]*exec.Cmd, procs)
-	outs := make([]*bytes.Buffer, procs)
+	cmds, outs := startChildren(t, child, procs, limit, func(r int) []string {
+		return append([]string{envMPRank + "=" + strconv.Itoa(r), "GOCCL_MP_SIZE=" + strconv.Itoa(procs),
+			"GOCCL_MP_SOCK=" + sock, bootstrap.TokenEnv + "=" + hex.EncodeToString(token)}, extraEnv...)
+	})
+	for r, c := range cmds {
+		err := c.Wait()
+		require.NoError(t, err, "rank %d failed:\n%s", r, outs[r])
+		require.Contains(t, outs[r].String(), okLine, "rank %d:\n%s", r, outs[r])
+	}
+	t.Logf("rank 0 output:\n%s", outs[0])
+}
+
+// startChildren starts procs copies of this test binary, each running only the test child,
+// child r with env(r) added to childEnv, its output gathered in outs[r]. The children are
+// killed after limit; the caller waits for them.
+func startChildren(t *testing.T, child string, procs int, limit time.Duration, env func(r int) []string) (cmds []*exec.Cmd, outs []*bytes.Buffer) {
+	t.Helper()
+	cmds = make([]*exec.Cmd, procs)
+	outs = make([]*bytes.Buffer, procs)
 	for r := range procs {
 		cmd := exec.Command(os.Args[0], "-test.run=^"+child+"$", "-test.v")
-		cmd.Env = append(childEnv(), envMPRank+"="+strconv.Itoa(r), "GOCCL_MP_SIZE="+strconv.Itoa(procs),
-			"GOCCL_MP_SOCK="+sock, bootstrap.TokenEnv+"="+hex.EncodeToString(token))
-		cmd.Env = append(cmd.Env, extraEnv...)
+		cmd.Env = append(childEnv(), env(r)...)
 		outs[r] = &bytes.Buffer{}
 		cmd.Stdout, cmd.Stderr = outs[r], outs[r]
 		require.NoError(t, cmd.Start())
@@ -66,13 +81,8 @@ func runRankProcesses(t *testing.T, procs int, child, okLine string, limit time.
 			c.Process.Kill()
 		}
 	})
-	defer timer.Stop()
-	for r, c := range cmds {
-		err := c.Wait()
-		require.NoError(t, err, "rank %d failed:\n%s", r, outs[r])
-		require.Contains(t, outs[r].String(), okLine, "rank %d:\n%s", r, outs[r])
-	}
-	t.Logf("rank 0 output:\n%s", outs[0])
+	t.Cleanup(func() { timer.Stop() })
+	return cmds, outs
 }
 
 // joinAsRank is the start of a child of runRankProcesses: its rank and the world size, and

@@ -136,28 +136,13 @@ func startNCCLHosts(t *testing.T, test string, procs int, limit time.Duration, e
 	port := freePort(t)
 	token := make([]byte, 16)
 	rand.Read(token)
-	cmds := make([]*exec.Cmd, procs)
-	outs := make([]*bytes.Buffer, procs)
-	for r := range procs {
-		cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.v")
-		cmd.Env = append(childEnv(), env(r)...)
-		cmd.Env = append(cmd.Env,
+	return startChildren(t, test, procs, limit, func(r int) []string {
+		return append(env(r),
 			"RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(procs), "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1",
 			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port), bootstrap.AddrEnv+"=127.0.0.1:"+strconv.Itoa(port),
 			bootstrap.TokenEnv+"="+hex.EncodeToString(token),
 			"NCCL_HOSTID=goccl-test-host-"+strconv.Itoa(r), "NCCL_SOCKET_IFNAME=lo")
-		outs[r] = &bytes.Buffer{}
-		cmd.Stdout, cmd.Stderr = outs[r], outs[r]
-		require.NoError(t, cmd.Start())
-		cmds[r] = cmd
-	}
-	timer := time.AfterFunc(limit, func() {
-		for _, c := range cmds {
-			c.Process.Kill()
-		}
 	})
-	t.Cleanup(func() { timer.Stop() })
-	return cmds, outs
 }
 
 // TestNCCLMultiNodeChild is one rank of TestNCCLMultiNode; it does nothing unless started by
