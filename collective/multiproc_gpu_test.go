@@ -63,7 +63,8 @@ func runRankProcesses(t *testing.T, procs int, child, okLine string, limit time.
 
 // startChildren starts procs copies of this test binary, each running only the test child,
 // child r with env(r) added to childEnv, its output gathered in outs[r]. The children are
-// killed after limit; the caller waits for them.
+// killed after limit, and when the test ends those not yet waited for (a rank that failed
+// leaves its peers waiting for it); the caller waits for them.
 func startChildren(t *testing.T, child string, procs int, limit time.Duration, env func(r int) []string) (cmds []*exec.Cmd, outs []*bytes.Buffer) {
 	t.Helper()
 	cmds = make([]*exec.Cmd, procs)
@@ -81,7 +82,15 @@ func startChildren(t *testing.T, child string, procs int, limit time.Duration, e
 			c.Process.Kill()
 		}
 	})
-	t.Cleanup(func() { timer.Stop() })
+	t.Cleanup(func() {
+		timer.Stop()
+		for _, c := range cmds {
+			if c.ProcessState == nil {
+				c.Process.Kill()
+				c.Wait()
+			}
+		}
+	})
 	return cmds, outs
 }
 
