@@ -271,17 +271,12 @@ func readFusedRuns(files map[string]string) ([]*fusedPoint, error) {
 
 // sortedPoints lists the points by ranks, then rows.
 func sortedPoints(m map[[2]int]*fusedPoint) []*fusedPoint {
-	var ps []*fusedPoint
-	for _, p := range m {
-		ps = append(ps, p)
-	}
-	slices.SortFunc(ps, func(a, b *fusedPoint) int {
+	return slices.SortedFunc(maps.Values(m), func(a, b *fusedPoint) int {
 		if a.ranks != b.ranks {
 			return a.ranks - b.ranks
 		}
 		return a.rows - b.rows
 	})
-	return ps
 }
 
 // renderFusedGraphs writes the one-graph-per-rank table of the fused call against the pair.
@@ -519,14 +514,13 @@ func renderTune(b *strings.Builder, files map[string]string) (bool, error) {
 	slices.SortFunc(runs, func(a, b run) int { return a.pass - b.pass })
 	bw := map[[2]string]span{}
 	for _, r := range runs {
-		name := r.name
-		data, err := os.ReadFile(files[name])
+		data, err := os.ReadFile(files[r.name])
 		if err != nil {
 			return false, err
 		}
 		m := avgBusBW.FindSubmatch(data)
 		if m == nil {
-			return false, fmt.Errorf("%s: no average bus bandwidth: the run did not finish (see the file and %s.err)", files[name], name)
+			return false, fmt.Errorf("%s: no average bus bandwidth: the run did not finish (see the file and %s.err)", files[r.name], r.name)
 		}
 		v, _ := strconv.ParseFloat(string(m[1]), 64)
 		k := [2]string{r.mode, r.with}
