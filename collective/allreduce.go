@@ -46,6 +46,9 @@ import (
 // order of registration, so when one rank passes a registered src or dst, every rank must
 // pass its own counterpart, registered in the same order.
 func (c *Comm) AllReduce(stream *driver.Stream, dst, src driver.DevicePtr, count int, dt DType) error {
+	if c == nil {
+		return errNilComm
+	}
 	return c.AllReduceWith(stream, dst, src, count, dt, c.opts.Algorithm)
 }
 
@@ -53,6 +56,9 @@ func (c *Comm) AllReduce(stream *driver.Stream, dst, src driver.DevicePtr, count
 // the selection table). Every rank must pass the same algorithm. It exists for benchmarks
 // and tests that run each algorithm on one communicator; services use AllReduce.
 func (c *Comm) AllReduceWith(stream *driver.Stream, dst, src driver.DevicePtr, count int, dt DType, algo Algorithm) error {
+	if c == nil {
+		return errNilComm
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	// Captured only on the stream Capture records; any other call is eager, also while
@@ -386,6 +392,12 @@ func (c *Comm) usable() error {
 	if c.closed {
 		return ErrClosed
 	}
+	return c.latchFailure()
+}
+
+// latchFailure makes the first asynchronous failure (a kernel's error record, the NCCL
+// engine's) the communicator's, for good, and returns it.
+func (c *Comm) latchFailure() error {
 	if c.failed == nil {
 		c.failed = c.kernelError()
 	}
@@ -403,6 +415,9 @@ func (c *Comm) usable() error {
 // stream; call it after synchronising to know that the work finished well. After Close it
 // returns the failure that came first, else ErrClosed.
 func (c *Comm) Err() error {
+	if c == nil {
+		return errNilComm
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.failed != nil {

@@ -140,6 +140,9 @@ type Graph struct {
 // make sure those runs are complete before Close, and no watchdog follows those runs: the
 // NCCL calls the graph may hold (see Launch) then wait for their peers as long as NCCL does.
 func (g *Graph) Exec() *driver.GraphExec {
+	if g == nil || g.c == nil {
+		return nil
+	}
 	g.c.mu.Lock()
 	defer g.c.mu.Unlock()
 	return g.exec
@@ -155,6 +158,9 @@ func (g *Graph) Exec() *driver.GraphExec {
 // replays its graph cannot hold this rank's stream forever. Work of the caller's own that fn
 // queued into the graph counts against that limit too.
 func (g *Graph) Launch(stream *driver.Stream) error {
+	if g == nil || g.c == nil {
+		return errNilHandle("*Graph")
+	}
 	c := g.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -187,6 +193,9 @@ func (g *Graph) Launch(stream *driver.Stream) error {
 // communicator's Close does all of that for the graphs still open, so a Close after it does
 // nothing and returns nil. Closing twice does nothing.
 func (g *Graph) Close() error {
+	if g == nil || g.c == nil {
+		return nil
+	}
 	c := g.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -223,23 +232,46 @@ func (g *Graph) Close() error {
 // driver older than CUDA 11.3 cannot tell a forked stream: a call there is then an eager call
 // captured into the graph, its input through the staging buffer unless registered.)
 //
+// A Capture that this rank refuses before it records (a failed communicator, a nil or
+// unusable stream, a nil fn) is refused on every rank: the refusal goes to the peers through
+// the exchange, as a refused Register's does. Two exceptions return at once on this rank
+// alone: a closed communicator (its bootstrap is closed, so the peers' exchange fails at
+// once anyway), and a Capture while this rank is already capturing (Capture inside fn, or
+// from another goroutine): its exchange would pair with the peers' exchange of the capture in
+// progress.
+//
 // If fn panics, Capture ends the stream capture, gives back the slots the capture reserved
 // and takes the rank out of capture (eager calls go on as before), and the panic goes on.
 // This rank then takes no part in the exchange: the peers' Capture fails when their ctx ends,
 // and the bootstrap, failed by that, refuses later Register and Capture calls on every rank.
 func (c *Comm) Capture(ctx context.Context, stream *driver.Stream, fn func() error) (*Graph, error) {
-	c.mu.Lock()
-	if err := c.usable(); err != nil {
-		c.mu.Unlock()
-		return nil, err
+	if c == nil {
+		return nil, errNilComm
 	}
-	if stream == nil {
+	c.mu.Lock()
+	if c.closed {
 		c.mu.Unlock()
-		return nil, invalid("capture on a nil stream")
+		return nil, ErrClosed
 	}
 	if c.capture != nil {
 		c.mu.Unlock()
 		return nil, invalid("rank %d is already capturing", c.rank)
+	}
+	refusal := c.usable()
+	if refusal == nil {
+		if fn == nil {
+			refusal = invalid("capture of a nil fn: pass the function that makes the calls to record")
+		} else {
+			refusal = c.checkStream(stream)
+		}
+	}
+	if refusal != nil {
+		defer c.mu.Unlock()
+		if _, _, err := c.exchange(ctx, nil, nil, nil, refusal); err != refusal {
+			// The peers may not have heard of it: the exchange itself failed.
+			refusal = errors.Join(refusal, err)
+		}
+		return nil, fmt.Errorf("collective: rank %d: capture: %w", c.rank, refusal)
 	}
 	cs := newCaptureState()
 	cs.stream = stream

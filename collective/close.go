@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/goccl/goccl/driver"
@@ -75,10 +76,16 @@ func (c *Comm) drainLimit() time.Duration {
 	if c.drainOverride > 0 {
 		return c.drainOverride
 	}
-	if c.opts.Timeout < 0 {
+	const slack = 5 * time.Second
+	switch t := c.opts.Timeout; {
+	case t < 0:
 		return time.Minute
+	case t > (math.MaxInt64-slack)/2:
+		// A timeout meant as "forever": the sum saturates instead of wrapping negative.
+		return math.MaxInt64
+	default:
+		return 2*t + slack
 	}
-	return 2*c.opts.Timeout + 5*time.Second
 }
 
 // drain waits for this communicator's queued work (eager calls and graph launches), bounded
@@ -114,6 +121,9 @@ func (c *Comm) drainBy(deadline time.Time) error {
 // when Close waits for a Release or Graph.Close of another goroutine that waits for the same
 // work.
 func (c *Comm) Close() error {
+	if c == nil {
+		return nil
+	}
 	deadline := time.Now().Add(c.drainLimit())
 	// Bootstrap.Close is safe from any goroutine and makes a call in progress fail. The
 	// communicator needs the bootstrap for no more than Register's and Capture's exchanges,
@@ -131,9 +141,16 @@ func (c *Comm) Close() error {
 	if bootErr != nil {
 		bootErr = fmt.Errorf("collective: close rank %d: close bootstrap: %w", c.rank, bootErr)
 	}
-	if err := c.drainBy(deadline); err != nil && !errors.Is(err, driver.ErrContextLost) {
-		// A lost context runs nothing any more: release what can be released.
-		return errors.Join(fmt.Errorf("collective: close rank %d: %w", c.rank, err), bootErr)
+	drainErr := c.drainBy(deadline)
+	if drainErr != nil && !errors.Is(drainErr, driver.ErrContextLost) {
+		return errors.Join(fmt.Errorf("collective: close rank %d: %w", c.rank, drainErr), bootErr)
+	}
+	// A lost context runs nothing any more: release what can be released. What failed before
+	// Close stays what Err reports after it: read it while the error record and the NCCL
+	// engine still exist (a kernel's record, which a lost context can follow, first).
+	c.latchFailure()
+	if drainErr != nil {
+		c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, drainErr))
 	}
 	c.released = true
 	return errors.Join(bootErr, c.release())

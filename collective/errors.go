@@ -39,6 +39,15 @@ var (
 	ErrNotEligible = topology.ErrNotEligible
 )
 
+// errNilComm is what the methods of a nil *Comm return: it matches ErrClosed, since a
+// communicator that was never made takes no work, like one that was closed.
+var errNilComm = fmt.Errorf("%w: nil *Comm (New or NewGroup failed, or was never called)", ErrClosed)
+
+// errNilHandle is what the methods of a nil or zero *Graph or *Registration return.
+func errNilHandle(what string) error {
+	return fmt.Errorf("%w: nil or zero %s (made by no Capture or Register)", ErrClosed, what)
+}
+
 // MaxConnectionsEnv is the CUDA environment variable that sets how many hardware queues a
 // process gets per GPU; virtual ranks need one per rank (see NewGroup).
 const MaxConnectionsEnv = "CUDA_DEVICE_MAX_CONNECTIONS"
@@ -75,11 +84,11 @@ type Call = ptx.Call
 // KernelError is an error a kernel recorded in its error record, read back by the host.
 // errors.Is matches ErrTimeout, ErrUnfilledSlot or ErrCallMismatch, and ErrUnusable.
 type KernelError struct {
-	Code  ErrorCode
-	Rank  int // the rank whose kernel recorded it
-	Block int // thread block that recorded it
-	Peer  int // the rank that did not arrive, whose slot was empty, or whose call differs
-	Phase Phase
+	Code  ErrorCode // what went wrong: a timeout, an unfilled slot or a call mismatch
+	Rank  int       // the rank whose kernel recorded it
+	Block int       // thread block that recorded it
+	Peer  int       // the rank that did not arrive, whose slot was empty, or whose call differs
+	Phase Phase     // where the kernel was: which barrier, or push's receive
 	// Mine and Theirs are the two calls of a mismatch (Code ptx.ErrCodeMismatch): the
 	// recording rank's and the peer's.
 	Mine, Theirs Call

@@ -106,6 +106,9 @@ type FusedArgs struct {
 // to DType before the residual is added: results match the kernels' within rounding, not
 // bitwise, and are bitwise equal across ranks only as far as NCCL's all-reduce is.
 func (c *Comm) AllReduceResidualRMSNorm(stream *driver.Stream, a FusedArgs) error {
+	if c == nil {
+		return errNilComm
+	}
 	return c.AllReduceResidualRMSNormWith(stream, a, Auto)
 }
 
@@ -115,6 +118,9 @@ func (c *Comm) AllReduceResidualRMSNorm(stream *driver.Stream, a FusedArgs) erro
 // without room for its bands) is refused. Every rank must pass the same algorithm. It exists
 // for benchmarks and tests; services use AllReduceResidualRMSNorm.
 func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, algo Algorithm) error {
+	if c == nil {
+		return errNilComm
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	// Captured only on the stream Capture records, as AllReduce.
@@ -209,6 +215,9 @@ func (c *Comm) AllReduceResidualRMSNormWith(stream *driver.Stream, a FusedArgs, 
 // it will use, before its first all-reduce. With one process per rank a first call at worst
 // waits for the rank's own work in flight.
 func (c *Comm) LoadFused(dt DType) error {
+	if c == nil {
+		return errNilComm
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.usable(); err != nil {
@@ -644,11 +653,8 @@ func (c *Comm) validateFused(stream *driver.Stream, a FusedArgs) (int64, error) 
 		return 0, err
 	}
 	bufs := set.list()
-	switch {
-	case stream == nil:
-		return 0, invalid("nil stream")
-	case stream.Context().Device() != c.dev:
-		return 0, invalid("stream belongs to device %d, this rank runs on device %d", stream.Context().Device(), c.dev)
+	if err := c.checkStream(stream); err != nil {
+		return 0, err
 	}
 	// Each pointer once: ResidualOut may be Residual or In.
 next:

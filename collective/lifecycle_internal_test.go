@@ -3,6 +3,8 @@ package collective
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -249,4 +251,108 @@ func TestEagerCallDuringCapture(t *testing.T) {
 	assert.Zero(t, testing.AllocsPerRun(100, func() { c.endCall(c.callOn(other)) }))
 	assert.Zero(t, testing.AllocsPerRun(100, func() { c.endCall(c.callOn(captured)) }))
 	assert.Same(t, cs, c.capture)
+}
+
+// TestCaptureRefusalReachesPeers: a Capture that one rank refuses before it records (a nil
+// fn, a nil or unusable stream, a failed communicator) goes to the peers through the
+// exchange, as a refused Register does: every rank's Capture returns at once instead of
+// waiting for its ctx, and the communicator's later exchanges still pair up.
+func TestCaptureRefusalReachesPeers(t *testing.T) {
+	noop := func() error { return nil }
+	for _, tc := range []struct {
+		name   string
+		refuse func(c *Comm, ctx context.Context) error
+		want   string
+	}{
+		{"nil fn", func(c *Comm, ctx context.Context) error {
+			_, err := c.Capture(ctx, &driver.Stream{}, nil)
+			return err
+		}, "capture of a nil fn"},
+		{"nil stream", func(c *Comm, ctx context.Context) error {
+			_, err := c.Capture(ctx, nil, noop)
+			return err
+		}, "nil stream"},
+		{"zero stream", func(c *Comm, ctx context.Context) error {
+			_, err := c.Capture(ctx, &driver.Stream{}, noop)
+			return err
+		}, "not made by driver.NewStream"},
+		{"failed communicator", func(c *Comm, ctx context.Context) error {
+			c.failed = fmt.Errorf("%w: an earlier kernel timed out", ErrUnusable)
+			_, err := c.Capture(ctx, &driver.Stream{}, noop)
+			return err
+		}, "an earlier kernel timed out"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			boots, err := bootstrap.NewInProcess(2)
+			require.NoError(t, err)
+			comms := make([]*Comm, 2)
+			for r := range comms {
+				comms[r] = hostComm(r, 2, boots[r], allocRange{base: 0x10000, size: 1 << 20})
+				comms[r].table = &slotTable{slots: 4, next: 1}
+				defer boots[r].Close()
+			}
+			// Long enough that a rank left waiting for its peer shows.
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			start := time.Now()
+			peerErr := make(chan error, 1)
+			go func() {
+				// Without a GPU the peer has no stream either: it refuses its zero Stream and
+				// takes that refusal to the exchange, where it meets rank 0's. Before rank 0's
+				// refusal went there too, this rank waited for its ctx.
+				_, err := comms[1].Capture(ctx, &driver.Stream{}, noop)
+				peerErr <- err
+			}()
+			err = tc.refuse(comms[0], ctx)
+			require.Error(t, err)
+			assert.ErrorContains(t, err, tc.want)
+			assert.ErrorContains(t, err, "rank 0: capture")
+			require.Error(t, <-peerErr)
+			assert.Less(t, time.Since(start), 10*time.Second, "the peer waited for its ctx instead of hearing of the refusal")
+
+			// The ranks' exchanges still pair up: Register gets past its exchange to the
+			// write of its slot, which needs a GPU.
+			comms[0].failed = nil
+			for r, err := range registerAll(t, comms, 0x10000, 4096) {
+				require.Error(t, err, "rank %d", r)
+				assert.ErrorContains(t, err, "write registration slot", "rank %d: Register after a refused Capture", r)
+			}
+		})
+	}
+}
+
+// TestCaptureWhileCapturing: a Capture while the rank is already capturing is refused on this
+// rank alone, without an exchange: one would pair with the peers' exchange of the capture in
+// progress.
+func TestCaptureWhileCapturing(t *testing.T) {
+	c := hostComm(0, 2, nil) // no bootstrap: an exchange would fail the test
+	c.capture = newCaptureState()
+	_, err := c.Capture(context.Background(), &driver.Stream{}, func() error { return nil })
+	assert.ErrorIs(t, err, ErrInvalidArgument)
+	assert.ErrorContains(t, err, "rank 0 is already capturing")
+}
+
+// TestErrAfterCloseKeepsFailure: a failure found before Close (here the NCCL engine's) is what
+// Err reports after Close, not ErrClosed: Close reads it before it frees the engine.
+func TestErrAfterCloseKeepsFailure(t *testing.T) {
+	f := &fakeNCCL{asyncErr: errors.New("ncclCommGetAsyncError: peer rank 1 died")}
+	c := &Comm{opts: Options{Timeout: time.Second}, nccl: newNCCLEngine(f, nil, time.Second)}
+	require.True(t, eventually(5*time.Second, func() bool { return c.nccl.failure() != nil }), "the engine saw the failure")
+	require.NoError(t, c.Close())
+	err := c.Err()
+	assert.ErrorIs(t, err, ErrUnusable)
+	assert.ErrorContains(t, err, "peer rank 1 died")
+	assert.NotErrorIs(t, err, ErrClosed)
+}
+
+// TestDrainLimitSaturates: a Timeout meant as "forever" gives a drain limit that saturates
+// instead of wrapping to a negative or short one, which would make Close give up at once.
+func TestDrainLimitSaturates(t *testing.T) {
+	for _, timeout := range []time.Duration{time.Second, 1 << 62, math.MaxInt64} {
+		o, err := Options{Timeout: timeout}.withDefaults()
+		require.NoError(t, err)
+		c := &Comm{opts: o}
+		assert.GreaterOrEqual(t, c.drainLimit(), timeout, "Timeout %v", timeout)
+	}
+	assert.Equal(t, 7*time.Second, (&Comm{opts: Options{Timeout: time.Second}}).drainLimit())
 }

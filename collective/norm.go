@@ -35,6 +35,9 @@ import (
 // process driving several ranks needs). It needs goccl's kernels: on a communicator that
 // NCCL alone serves it returns an error.
 func (c *Comm) ResidualRMSNorm(stream *driver.Stream, a FusedArgs) error {
+	if c == nil {
+		return errNilComm
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	// Recorded by a Capture only on its streams, as AllReduce.
@@ -123,6 +126,9 @@ func (ks *kernelSet) normKernel(dt dtype.DType) (*driver.Function, error) {
 // checks of the call (hidden size, rows, pointers, NCCL's buffer for a NoNorm call) are not
 // made.
 func (c *Comm) FusedSelected(rows, hidden int, dt DType, sharedOutputs bool) (Algorithm, error) {
+	if c == nil {
+		return 0, errNilComm
+	}
 	if !dt.Valid() || rows < 1 || hidden < 1 {
 		return 0, invalid("fused selection for %d rows of %d %v elements: need a valid element type and at least one row of one element", rows, hidden, dt)
 	}

@@ -108,6 +108,8 @@ const (
 	DefaultPushBlocks = 16
 	DefaultTimeout    = 10 * time.Second
 	DefaultMaxSlots   = 4096
+	// MaxSlotsLimit is the largest Options.MaxSlots: a table of 128 MiB a rank.
+	MaxSlotsLimit = 1 << 20
 )
 
 // Options configure a communicator. The zero value is ready to use. All ranks of one
@@ -145,7 +147,8 @@ type Options struct {
 	// IPC selects how memory is shared between processes (default memory.LegacyIPC).
 	IPC memory.Kind
 	// MaxSlots bounds the registration table: one slot per registered buffer and per
-	// all-reduce captured in a graph (default DefaultMaxSlots).
+	// all-reduce captured in a graph (default DefaultMaxSlots, at most MaxSlotsLimit). Each
+	// slot takes 128 bytes of device memory on every rank.
 	MaxSlots int
 	// DisablePDL turns off programmatic dependent launch on sm_90 and later.
 	DisablePDL bool
@@ -207,13 +210,14 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxSlots == 0 {
 		o.MaxSlots = DefaultMaxSlots
 	}
+	algoFrom := "Options.Algorithm"
 	if o.Algorithm == Auto {
 		if env := os.Getenv("GOCCL_ALGO"); env != "" && env != "auto" {
 			a, err := ParseAlgorithm(env)
 			if err != nil {
 				return o, fmt.Errorf("%w: GOCCL_ALGO: %v", ErrInvalidArgument, err)
 			}
-			o.Algorithm = a
+			o.Algorithm, algoFrom = a, "GOCCL_ALGO="+env
 		}
 	}
 	switch {
@@ -233,13 +237,13 @@ func (o Options) withDefaults() (Options, error) {
 	case o.Algorithm != Auto && o.Algorithm != OneShot && o.Algorithm != TwoShot && o.Algorithm != Push && o.Algorithm != NCCL:
 		return o, fmt.Errorf("%w: unknown algorithm %d", ErrInvalidArgument, int(o.Algorithm))
 	case o.Algorithm == NCCL && o.NCCL == NCCLOff:
-		return o, fmt.Errorf("%w: the NCCL algorithm with NCCLOff: allow NCCL or pick a kernel", ErrInvalidArgument)
+		return o, fmt.Errorf("%w: %s picks NCCL, but Options.NCCL is NCCLOff: allow NCCL or pick a kernel", ErrInvalidArgument, algoFrom)
 	case o.NCCL < NCCLAuto || o.NCCL > NCCLAlways:
 		return o, fmt.Errorf("%w: unknown NCCL mode %d: use NCCLAuto, NCCLOff or NCCLAlways", ErrInvalidArgument, int(o.NCCL))
 	case o.IPC != memory.LegacyIPC && o.IPC != memory.VMM:
 		return o, fmt.Errorf("%w: unknown IPC kind %d", ErrInvalidArgument, int(o.IPC))
-	case o.MaxSlots < 2:
-		return o, fmt.Errorf("%w: MaxSlots %d must be at least 2", ErrInvalidArgument, o.MaxSlots)
+	case o.MaxSlots < 2 || o.MaxSlots > MaxSlotsLimit:
+		return o, fmt.Errorf("%w: MaxSlots %d must be in [2, %d]", ErrInvalidArgument, o.MaxSlots, MaxSlotsLimit)
 	}
 	return o, nil
 }

@@ -40,6 +40,9 @@ func (r *Registration) Bytes() uint64 { return r.bytes }
 // the buffer's counterpart as registered once a peer has released its own. Releasing twice, or
 // after the communicator's Close, does nothing.
 func (r *Registration) Release() error {
+	if r == nil || r.c == nil {
+		return nil
+	}
 	c := r.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -70,6 +73,9 @@ func (r *Registration) Release() error {
 // (*RefusedError names the refusing ranks), nothing is registered anywhere, and the
 // communicator stays usable.
 func (c *Comm) Register(ctx context.Context, ptr driver.DevicePtr, bytes uint64) (*Registration, error) {
+	if c == nil {
+		return nil, errNilComm
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {

@@ -172,6 +172,8 @@ func TestOptionsDefaultsAndValidation(t *testing.T) {
 		{ThreadsPerBlock: 1024},
 		{Algorithm: 42},
 		{MaxSlots: 1},
+		{MaxSlots: MaxSlotsLimit + 1},
+		{MaxSlots: 1<<57 + 1}, // its table's byte size would wrap to 128 bytes
 	} {
 		_, err := bad.withDefaults()
 		assert.ErrorIs(t, err, ErrInvalidArgument, "%+v", bad)
@@ -184,6 +186,10 @@ func TestOptionsDefaultsAndValidation(t *testing.T) {
 	o, err = Options{Algorithm: Push}.withDefaults()
 	require.NoError(t, err)
 	assert.Equal(t, Push, o.Algorithm, "an explicit option wins over GOCCL_ALGO")
+	t.Setenv("GOCCL_ALGO", "nccl")
+	_, err = Options{NCCL: NCCLOff}.withDefaults()
+	assert.ErrorIs(t, err, ErrInvalidArgument)
+	assert.ErrorContains(t, err, "GOCCL_ALGO=nccl picks NCCL, but Options.NCCL is NCCLOff", "the message names where NCCL came from")
 	t.Setenv("GOCCL_ALGO", "fastest")
 	_, err = Options{}.withDefaults()
 	assert.ErrorIs(t, err, ErrInvalidArgument)
@@ -325,6 +331,10 @@ func TestValidate(t *testing.T) {
 		assert.ErrorIs(t, err, ErrInvalidArgument, tc.name)
 		assert.ErrorContains(t, err, tc.want, tc.name)
 	}
+	// A Stream that no driver call made has no context: refused, not dereferenced.
+	_, err = c.validate(&driver.Stream{}, driverPtr(p), driverPtr(p), 8, BFloat16)
+	assert.ErrorIs(t, err, ErrInvalidArgument)
+	assert.ErrorContains(t, err, "the stream is closed, or was not made by driver.NewStream or driver.WrapStream")
 }
 
 func TestClosedAndFailedCommRefuseWork(t *testing.T) {
@@ -338,6 +348,37 @@ func TestClosedAndFailedCommRefuseWork(t *testing.T) {
 	err := failed.AllReduce(nil, 16, 16, 8, BFloat16)
 	assert.ErrorIs(t, err, ErrTimeout, "a failed communicator refuses work before looking at the arguments")
 	assert.ErrorIs(t, err, ErrUnusable)
+}
+
+// TestNilHandles: the methods of a nil *Comm (a New that failed, then a deferred Close) and of
+// nil or zero graphs and registrations return errors, or nothing to do, instead of panicking.
+func TestNilHandles(t *testing.T) {
+	var c *Comm
+	assert.NoError(t, c.Close(), "Close of a nil *Comm does nothing, as a second Close does")
+	assert.ErrorIs(t, c.Err(), ErrClosed)
+	assert.ErrorContains(t, c.Err(), "nil *Comm")
+	assert.ErrorIs(t, c.AllReduce(nil, 16, 16, 8, BFloat16), ErrClosed)
+	assert.ErrorIs(t, c.AllReduceWith(nil, 16, 16, 8, BFloat16, OneShot), ErrClosed)
+	assert.ErrorIs(t, c.AllReduceResidualRMSNorm(nil, FusedArgs{}), ErrClosed)
+	assert.ErrorIs(t, c.ResidualRMSNorm(nil, FusedArgs{}), ErrClosed)
+	assert.ErrorIs(t, c.LoadFused(BFloat16), ErrClosed)
+	_, err := c.FusedSelected(1, 8192, BFloat16, false)
+	assert.ErrorIs(t, err, ErrClosed)
+	_, err = c.Register(context.Background(), 16, 16)
+	assert.ErrorIs(t, err, ErrClosed)
+	_, err = c.Capture(context.Background(), nil, func() error { return nil })
+	assert.ErrorIs(t, err, ErrClosed)
+	_, err = c.TuneTarget(context.Background())
+	assert.ErrorIs(t, err, ErrClosed)
+
+	for _, g := range []*Graph{nil, {}} {
+		assert.NoError(t, g.Close())
+		assert.ErrorIs(t, g.Launch(nil), ErrClosed)
+		assert.Nil(t, g.Exec())
+	}
+	for _, r := range []*Registration{nil, {}} {
+		assert.NoError(t, r.Release())
+	}
 }
 
 func driverPtr(p uintptr) driver.DevicePtr { return driver.DevicePtr(p) }

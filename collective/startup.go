@@ -25,6 +25,7 @@ type StartupProfile struct {
 
 // StartupStep is one step of New.
 type StartupStep struct {
+	// Phase is the step.
 	Phase StartupPhase
 	// Start is when the step began, from the start of New (NewGroup).
 	Start time.Duration

@@ -148,9 +148,10 @@ type TuneTable struct {
 	// Version is TuneVersion.
 	Version int `json:"version"`
 	TuneKey
-	// Created is when the table was measured; Tool what measured it. Both are for people.
+	// Created is when the table was measured; it is for people.
 	Created time.Time `json:"created,omitzero"`
-	Tool    string    `json:"tool,omitempty"`
+	// Tool is what measured the table (arsmoke and its version); it is for people.
+	Tool string `json:"tool,omitempty"`
 	// Sections, at most one per (world size, topology, scope).
 	Sections []TuneSection `json:"sections"`
 }
@@ -413,6 +414,9 @@ type TuneTarget struct {
 // TuneTarget returns what a tuning table section for this communicator is keyed by. Over
 // several GPUs it asks NVML for their links (once per process and set of GPUs).
 func (c *Comm) TuneTarget(ctx context.Context) (TuneTarget, error) {
+	if c == nil {
+		return TuneTarget{}, errNilComm
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.custom {

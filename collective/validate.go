@@ -9,6 +9,20 @@ import (
 	"github.com/goccl/goccl/ptx"
 )
 
+// checkStream refuses a stream this rank cannot launch on: nil, closed, not made by the
+// driver package (a zero Stream has no context), or of another device.
+func (c *Comm) checkStream(stream *driver.Stream) error {
+	switch {
+	case stream == nil:
+		return invalid("nil stream")
+	case stream.Context() == nil || stream.Handle() == 0:
+		return invalid("the stream is closed, or was not made by driver.NewStream or driver.WrapStream")
+	case stream.Context().Device() != c.dev:
+		return invalid("stream belongs to device %d, this rank runs on device %d", stream.Context().Device(), c.dev)
+	}
+	return nil
+}
+
 // validate checks a call's arguments and returns its size in bytes. It runs before anything is
 // launched, so a bad call never reaches a kernel.
 func (c *Comm) validate(stream *driver.Stream, dst, src driver.DevicePtr, count int, dt DType) (int64, error) {
@@ -33,10 +47,9 @@ func (c *Comm) validate(stream *driver.Stream, dst, src driver.DevicePtr, count 
 		return 0, invalid("buffer of %d bytes at src %#x or dst %#x wraps around the address space", nbytes, uint64(src), uint64(dst))
 	case dst != src && overlap(dst, src, uint64(nbytes)):
 		return 0, invalid("dst %#x and src %#x overlap without being equal (%d bytes): pass dst == src for an in-place all-reduce, or buffers that do not overlap", uint64(dst), uint64(src), nbytes)
-	case stream == nil:
-		return 0, invalid("nil stream")
-	case stream.Context().Device() != c.dev:
-		return 0, invalid("stream belongs to device %d, this rank runs on device %d", stream.Context().Device(), c.dev)
+	}
+	if err := c.checkStream(stream); err != nil {
+		return 0, err
 	}
 	if err := c.checkPointer("src", src, uint64(nbytes)); err != nil {
 		return 0, err
@@ -66,7 +79,8 @@ type allocRange struct {
 	size uint64
 }
 
-// maxCachedAllocations bounds the cache; past it the oldest half is forgotten.
+// maxCachedAllocations bounds the cache; past it the whole cache is forgotten, and the
+// allocations still in use are checked with the driver again.
 const maxCachedAllocations = 4096
 
 // find reports whether [p, p+n) lies inside one cached allocation.

@@ -89,7 +89,13 @@
 //
 // Which GPUs are visible follows CUDA_VISIBLE_DEVICES. GOCCL_LIBCUDA is the
 // path of libcuda.so.1 when the driver is not where the dynamic loader looks;
-// GOCCL_LIBNCCL that of libnccl.so.2.
+// GOCCL_LIBNCCL that of libnccl.so.2; GOCCL_LIBNVML that of
+// libnvidia-ml.so.1, which --topo and ranks on several GPUs read the links
+// from. A process that drives every rank sets CUDA_DEVICE_MAX_CONNECTIONS to
+// 32 unless it is set already: with CUDA's default of 8 hardware queues, two
+// virtual ranks' streams can share a queue and wait for each other. The ranks
+// of --procs keep the default (under MPS, 32 queues a process exhaust the
+// GPU's pool).
 //
 // # NCCL
 //
@@ -231,8 +237,8 @@
 // directory; docs/tuning.md). Sections of other world sizes or topologies
 // already in that file are kept, also those that another --tune run writes at
 // the same time (the merge locks <table>.lock). -n and -w default to 50 and
-// 10. -a, -g,
-// -c 0, --backend, --json, --topo and --fused are refused with --tune.
+// 10. -a other than auto, -g, -c 0, --backend other than goccl, --json,
+// --topo and --fused are refused with --tune.
 //
 // It prints, per world size, the push grid and, per kind of call, the bands
 // and a row per size: the tuned choice (algorithm and grid, blocks x threads)

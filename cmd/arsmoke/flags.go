@@ -81,7 +81,7 @@ func (o *options) flagSet() *flag.FlagSet {
 	fs.IntVar(&o.ranks, "ranks", 0, "run `N` ranks (2..16); with --device, all on that GPU")
 	fs.StringVar(&o.deviceFlag, "device", "", "run every rank on GPU `D` (virtual ranks)")
 	fs.IntVar(&o.procs, "procs", 0, "run `N` processes of one rank each (2..16), joined by a Unix socket")
-	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "longest wait for a peer before the run fails")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "longest wait for a peer before the run fails: a `duration` such as 10s or 2m")
 	fs.BoolVar(&o.json, "json", false, "print the results as one JSON document")
 	fs.BoolVar(&o.topo, "topo", false, "print the GPUs and their links, and exit")
 	o.fused.register(fs)
@@ -143,6 +143,10 @@ func parseArgs(args []string) (config, error) {
 	case backendGoccl, backendBoth:
 	case backendNCCL:
 		if o.algoName != "auto" {
+			if o.fused.on {
+				// --fused refuses --backend both: two runs compare them.
+				return config{}, fmt.Errorf("-a %s picks goccl's kernels, but --backend nccl runs every all-reduce through NCCL: drop -a, or run -a %s with --backend goccl to compare them", o.algoName, o.algoName)
+			}
 			return config{}, fmt.Errorf("-a %s picks goccl's kernels, but --backend nccl runs every call through NCCL: drop -a, or use --backend both to compare them with NCCL", o.algoName)
 		}
 		c.algos = []string{backendNCCL}
@@ -161,18 +165,22 @@ func parseArgs(args []string) (config, error) {
 	default:
 		return config{}, fmt.Errorf("-c %d: use 1 to check the results or 0 not to", o.checkFlag)
 	}
-	if c.ranks != 0 && (c.ranks < minWorld || c.ranks > maxWorld) {
+	// A flag given with its "not given" value (--ranks 0, --device "") is a mistake, not a
+	// request for the default.
+	given := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+	if (given["ranks"] || c.ranks != 0) && (c.ranks < minWorld || c.ranks > maxWorld) {
 		return config{}, fmt.Errorf("--ranks %d: must be between %d and %d", c.ranks, minWorld, maxWorld)
 	}
 	c.device = -1
-	if o.deviceFlag != "" {
+	if given["device"] {
 		d, err := strconv.Atoi(o.deviceFlag)
 		if err != nil || d < 0 {
 			return config{}, fmt.Errorf("--device %q: want a GPU index, 0 or more", o.deviceFlag)
 		}
 		c.device = d
 	}
-	if c.procs != 0 && (c.procs < minWorld || c.procs > maxWorld) {
+	if (given["procs"] || c.procs != 0) && (c.procs < minWorld || c.procs > maxWorld) {
 		return config{}, fmt.Errorf("--procs %d: must be between %d and %d", c.procs, minWorld, maxWorld)
 	}
 	if c.procs != 0 && c.ranks != 0 {

@@ -101,6 +101,11 @@ func TestUsageErrors(t *testing.T) {
 		"-c 2":                                "-c 2: use 1 to check the results or 0 not to",
 		"--ranks 1":                           "--ranks 1: must be between 2 and 16",
 		"--ranks 17":                          "--ranks 17: must be between 2 and 16",
+		"--ranks 0":                           "--ranks 0: must be between 2 and 16",
+		"--device=":                           `--device "": want a GPU index`,
+		"--procs 0":                           "--procs 0: must be between 2 and 16",
+		"--timeout 5":                         `invalid value "5" for flag -timeout`,
+		"--fused --backend nccl -a push":      "-a push picks goccl's kernels, but --backend nccl runs every all-reduce through NCCL: drop -a, or run -a push with --backend goccl",
 		"--device x":                          `--device "x": want a GPU index`,
 		"--device -1":                         `--device "-1": want a GPU index`,
 		"--procs 1":                           "--procs 1: must be between 2 and 16",
@@ -134,7 +139,7 @@ func TestHelp(t *testing.T) {
 	var out, errOut bytes.Buffer
 	require.Equal(t, exitPass, run([]string{"-h"}, &out, &errOut))
 	assert.Empty(t, errOut.String())
-	for _, f := range []string{"-b size", "-e size", "-ranks N", "-procs N", "-device D", "-timeout duration", "-c 0|1"} {
+	for _, f := range []string{"-b size", "-e size", "-ranks N", "-procs N", "-device D", "-timeout duration", "a duration such as 10s", "-c 0|1"} {
 		assert.Contains(t, out.String(), f)
 	}
 	assert.NotContains(t, out.String(), "(default -1)", "an unset --device has no default to show")

@@ -115,7 +115,7 @@ func (f *tuneFlags) parse(fs *flag.FlagSet, c *config, algoName string) error {
 		return errors.New("--fused and --tune exclude each other: --tune measures AllReduce")
 	}
 	t := &tuneConfig{quick: f.quick, output: f.output}
-	if f.worlds != "" {
+	if set["worlds"] {
 		var err error
 		if t.worlds, err = parseWorlds(f.worlds); err != nil {
 			return err
@@ -841,8 +841,8 @@ func runTune(ctx context.Context, c config, proc *procInfo, stdout, stderr io.Wr
 	for _, w := range tuneWorlds(c, visible) {
 		devices, err := planDevices(visible, w, c.device)
 		if err != nil {
-			fmt.Fprintf(stderr, "arsmoke: --tune: %v\n", err)
-			return exitUsage
+			// The machine, not the flags: the exit status of a run that finds too few GPUs.
+			return fail("%v", err)
 		}
 		cfg := engineConfig{Devices: devices, MaxBytes: (c.maxBytes + 15) / 16 * 16, Timeout: c.timeout}
 		if proc != nil {

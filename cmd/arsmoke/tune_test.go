@@ -64,6 +64,7 @@ func TestParseTune(t *testing.T) {
 		"--tune --worlds 1,2":              `--worlds "1,2": want world sizes 2 to 16`,
 		"--tune --worlds 2,x":              `--worlds "2,x"`,
 		"--tune --worlds 17":               `--worlds "17"`,
+		"--tune --worlds=":                 `--worlds "": want world sizes 2 to 16`,
 		"--tune --worlds 2,4 --ranks 4":    "--ranks and --worlds exclude each other",
 		"--tune --worlds 2,4 --procs 4":    "--procs 4 tunes 4 ranks",
 		"--tune --worlds 2 --procs 4 -o x": "--procs 4 tunes 4 ranks",
@@ -525,7 +526,8 @@ func TestRunTuneFails(t *testing.T) {
 	_, err := parseArgs(strings.Fields("--tune --ranks 4 --device 3"))
 	require.NoError(t, err)
 	code = run(strings.Fields("--tune --ranks 4 --device 3"), &stdout, &stderr)
-	assert.Equal(t, exitUsage, code, "a GPU that is not there")
+	assert.Equal(t, exitFail, code, "a GPU that is not there fails as a run without --tune does")
+	assert.Contains(t, stderr.String(), "fewer GPUs than asked: --device 3")
 }
 
 // TestRunTuneProcsChild: in a --procs child only rank 0 writes the table and prints; the
