@@ -143,8 +143,8 @@ func (c *Context) hotCall(bind bool, fn uintptr, args ...uintptr) error {
 // that callers for which a code is an answer (NOT_READY) allocate nothing. err is set when
 // nothing was called.
 func (c *Context) hotResult(bind bool, fn uintptr, args ...uintptr) (r Result, failed uintptr, err error) {
-	if c == nil || c.closed.Load() {
-		return 0, 0, errContextClosed()
+	if err := c.live(); err != nil {
+		return 0, 0, err
 	}
 	if fn == 0 || cuCtxSetCurrent == 0 {
 		return 0, 0, errNotLoaded

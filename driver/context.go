@@ -151,10 +151,20 @@ func (c *Context) Close() error {
 
 // makeCurrent binds c to the calling thread, which the caller has locked.
 func (c *Context) makeCurrent() error {
+	if err := c.live(); err != nil {
+		return err
+	}
+	return call(cuCtxSetCurrent, c.handle)
+}
+
+// live returns nil when c can be used. Methods that read c's fields before their first
+// driver call (its device for an error message or an allocation property) check it first,
+// so that a nil Context is an error, not a panic.
+func (c *Context) live() error {
 	if c == nil || c.closed.Load() {
 		return errContextClosed()
 	}
-	return call(cuCtxSetCurrent, c.handle)
+	return nil
 }
 
 // errContextClosed is the error for using a closed (or nil) Context.
@@ -185,6 +195,9 @@ func (c *Context) MemInfo() (free, total uint64, err error) {
 // (cuCtxEnablePeerAccess). Enabling it twice, or for the same device, returns nil. Devices
 // without a peer-to-peer path return an error matching ErrPeerAccessUnsupported.
 func (c *Context) EnablePeerAccess(peer *Context) error {
+	if err := c.live(); err != nil {
+		return err
+	}
 	if peer == nil || peer.closed.Load() {
 		return errClosed("peer context")
 	}

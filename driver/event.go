@@ -20,6 +20,9 @@ type Event struct {
 // NewEvent creates an event (cuEventCreate). timing=false gives CU_EVENT_DISABLE_TIMING:
 // cheaper, but not usable with Elapsed.
 func (c *Context) NewEvent(timing bool) (*Event, error) {
+	if err := c.live(); err != nil {
+		return nil, err
+	}
 	flags := uintptr(eventDisableTiming)
 	if timing {
 		flags = 0

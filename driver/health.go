@@ -27,8 +27,8 @@ import (
 // the driver registers it; once a wait (Stream.Wait, Event.Wait) returned the fault, Health
 // returns it too. Safe from several goroutines.
 func (c *Context) Health() error {
-	if c == nil || c.closed.Load() {
-		return errContextClosed()
+	if err := c.live(); err != nil {
+		return err
 	}
 	c.health.Lock()
 	defer c.health.Unlock()

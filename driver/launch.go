@@ -176,8 +176,8 @@ func checkLaunch(s *Stream, f *Function, cfg *LaunchConfig, args *Args) error {
 	if err := s.live(); err != nil {
 		return err
 	}
-	if f == nil || f.handle == 0 || f.mod.handle == 0 {
-		return errClosed("kernel (or its module)")
+	if err := f.live(); err != nil {
+		return err
 	}
 	if f.mod.ctx.handle != s.ctx.handle {
 		return fmt.Errorf("launch %s: its module is loaded in CUDA context %#x (device %d), the stream belongs to %#x (device %d): load the module in the stream's context (Stream.Context): %w",

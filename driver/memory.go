@@ -23,6 +23,9 @@ const memHostAllocPortableDeviceMap = 0x01 | 0x02
 
 // Alloc allocates bytes of device memory (cuMemAlloc_v2). Free it with Free.
 func (c *Context) Alloc(bytes uint64) (DevicePtr, error) {
+	if err := c.live(); err != nil {
+		return 0, err
+	}
 	var p DevicePtr
 	if err := c.call(cuMemAlloc_v2, uintptr(unsafe.Pointer(&p)), uintptr(bytes)); err != nil {
 		return 0, fmt.Errorf("allocate %d bytes on device %d: %w", bytes, c.dev, err)
@@ -122,20 +125,27 @@ func (c *Context) AllocHost(bytes uint64) (*HostBuffer, error) {
 	return &HostBuffer{ctx: c, ptr: p, size: bytes, dptr: d}, nil
 }
 
-// Bytes returns the host view of the buffer (nil once closed).
+// Bytes returns the host view of the buffer (nil once closed, or for a nil HostBuffer).
 func (h *HostBuffer) Bytes() []byte {
-	if h.ptr == nil {
+	if h == nil || h.ptr == nil {
 		return nil
 	}
 	return unsafe.Slice((*byte)(h.ptr), h.size)
 }
 
-// DevicePtr returns the device address of the buffer (cuMemHostGetDevicePointer_v2).
-func (h *HostBuffer) DevicePtr() DevicePtr { return h.dptr }
+// DevicePtr returns the device address of the buffer (cuMemHostGetDevicePointer_v2); 0 once
+// closed, or for a nil HostBuffer.
+func (h *HostBuffer) DevicePtr() DevicePtr {
+	if h == nil {
+		return 0
+	}
+	return h.dptr
+}
 
-// Close frees the buffer (cuMemFreeHost). Calling it again does nothing.
+// Close frees the buffer (cuMemFreeHost). Calling it again, or on a nil HostBuffer, does
+// nothing.
 func (h *HostBuffer) Close() error {
-	if h.ptr == nil {
+	if h == nil || h.ptr == nil {
 		return nil
 	}
 	p := h.ptr

@@ -145,11 +145,23 @@ func (m *Module) Close() error {
 	return m.ctx.call(cuModuleUnload, h)
 }
 
+// live returns nil when f can be used: its CUfunction dies with its module's Close, and the
+// driver must not be handed a dangling one.
+func (f *Function) live() error {
+	if f == nil || f.handle == 0 || f.mod == nil || f.mod.handle == 0 {
+		return errClosed("kernel (or its module)")
+	}
+	return nil
+}
+
 // Name returns the kernel's name.
 func (f *Function) Name() string { return f.name }
 
 // Attribute returns a kernel attribute (cuFuncGetAttribute).
 func (f *Function) Attribute(a FunctionAttribute) (int, error) {
+	if err := f.live(); err != nil {
+		return 0, err
+	}
 	var v int32
 	if err := f.mod.ctx.call(cuFuncGetAttribute, uintptr(unsafe.Pointer(&v)), uintptr(a), f.handle); err != nil {
 		return 0, fmt.Errorf("kernel %s attribute %d: %w", f.name, a, err)
@@ -161,6 +173,9 @@ func (f *Function) Attribute(a FunctionAttribute) (int, error) {
 // dynamic shared memory fit on one SM at once (cuOccupancyMaxActiveBlocksPerMultiprocessor):
 // the bound for kernels whose blocks wait for each other.
 func (f *Function) MaxActiveBlocksPerSM(blockSize, dynamicSmem int) (int, error) {
+	if err := f.live(); err != nil {
+		return 0, err
+	}
 	var n int32
 	if err := f.mod.ctx.call(cuOccupancyMaxActiveBlocksPerMultiprocessor, uintptr(unsafe.Pointer(&n)), f.handle,
 		uintptr(blockSize), uintptr(dynamicSmem)); err != nil {

@@ -26,6 +26,9 @@ type Stream struct {
 
 // NewStream creates a non-blocking stream (CU_STREAM_NON_BLOCKING).
 func (c *Context) NewStream() (*Stream, error) {
+	if err := c.live(); err != nil {
+		return nil, err
+	}
 	var h uintptr
 	if err := c.call(cuStreamCreate, uintptr(unsafe.Pointer(&h)), streamNonBlocking); err != nil {
 		return nil, fmt.Errorf("create stream on device %d: %w", c.dev, err)

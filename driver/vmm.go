@@ -67,6 +67,9 @@ func (c *Context) posixFDProp() memAllocationProp {
 // VMMGranularity returns the minimum granularity of a POSIX-FD exportable allocation on c's
 // device: sizes and addresses of CreatePhysical, ReserveAddress and Map are multiples of it.
 func (c *Context) VMMGranularity() (uint64, error) {
+	if err := c.live(); err != nil {
+		return 0, err
+	}
 	if err := need(FeatureVMM); err != nil {
 		return 0, err
 	}
@@ -82,6 +85,9 @@ func (c *Context) VMMGranularity() (uint64, error) {
 // CreatePhysical allocates size bytes of device memory that can be exported as a POSIX file
 // descriptor (cuMemCreate). size must be a multiple of VMMGranularity.
 func (c *Context) CreatePhysical(size uint64) (*PhysicalAlloc, error) {
+	if err := c.live(); err != nil {
+		return nil, err
+	}
 	if err := need(FeatureVMM); err != nil {
 		return nil, err
 	}
@@ -112,6 +118,9 @@ func (p *PhysicalAlloc) ExportFD() (int, error) {
 // ImportPhysicalFD imports an allocation exported by ExportFD, possibly in another process
 // (cuMemImportFromShareableHandle). fd stays owned by the caller.
 func (c *Context) ImportPhysicalFD(fd int) (*PhysicalAlloc, error) {
+	if err := c.live(); err != nil {
+		return nil, err
+	}
 	if err := need(FeatureVMM); err != nil {
 		return nil, err
 	}
@@ -137,6 +146,9 @@ func (p *PhysicalAlloc) Release() error {
 // ReserveAddress reserves size bytes of device address space aligned to align (0: the
 // granularity) without memory behind it (cuMemAddressReserve). Free it with FreeAddress.
 func (c *Context) ReserveAddress(size, align uint64) (DevicePtr, error) {
+	if err := c.live(); err != nil {
+		return 0, err
+	}
 	if err := need(FeatureVMM); err != nil {
 		return 0, err
 	}
@@ -149,6 +161,9 @@ func (c *Context) ReserveAddress(size, align uint64) (DevicePtr, error) {
 
 // FreeAddress returns a reservation from ReserveAddress (cuMemAddressFree); unmap it first.
 func (c *Context) FreeAddress(p DevicePtr, size uint64) error {
+	if err := c.live(); err != nil {
+		return err
+	}
 	if err := need(FeatureVMM); err != nil {
 		return err
 	}
@@ -158,6 +173,9 @@ func (c *Context) FreeAddress(p DevicePtr, size uint64) error {
 // Map maps phys at p (reserved, size bytes) and makes it readable and writable from c's device
 // (cuMemMap, cuMemSetAccess). Use SetAccess to open it to more devices.
 func (c *Context) Map(p DevicePtr, size uint64, phys *PhysicalAlloc) error {
+	if err := c.live(); err != nil {
+		return err
+	}
 	if err := need(FeatureVMM); err != nil {
 		return err
 	}
@@ -176,6 +194,9 @@ func (c *Context) Map(p DevicePtr, size uint64, phys *PhysicalAlloc) error {
 
 // Unmap unmaps [p, p+size) (cuMemUnmap); the reservation stays.
 func (c *Context) Unmap(p DevicePtr, size uint64) error {
+	if err := c.live(); err != nil {
+		return err
+	}
 	if err := need(FeatureVMM); err != nil {
 		return err
 	}
@@ -185,6 +206,9 @@ func (c *Context) Unmap(p DevicePtr, size uint64) error {
 // SetAccess makes mapped memory [p, p+size) readable and writable from each of devs
 // (cuMemSetAccess).
 func (c *Context) SetAccess(p DevicePtr, size uint64, devs ...Device) error {
+	if err := c.live(); err != nil {
+		return err
+	}
 	if err := need(FeatureVMM); err != nil {
 		return err
 	}

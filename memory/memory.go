@@ -245,7 +245,9 @@ func DescribeUser(ctx *driver.Context, ptr driver.DevicePtr, size uint64) (Descr
 	if err != nil {
 		return d, fmt.Errorf("memory: find the allocation of %#x: %w", uint64(ptr), err)
 	}
-	if uint64(ptr)+size > uint64(base)+rangeSize {
+	// Compared without sums, which a huge size would wrap past the end of the address space
+	// and let through. (Were ptr below base, ptr-base would wrap to a huge offset, refused too.)
+	if size > rangeSize || uint64(ptr-base) > rangeSize-size {
 		return d, fmt.Errorf("memory: buffer %#x+%d runs past its allocation (%#x+%d)", uint64(ptr), size, uint64(base), rangeSize)
 	}
 	h, err := ctx.IPCGetMemHandle(base)
@@ -268,14 +270,17 @@ type Mapping struct {
 }
 
 // Open maps a peer's buffer into ctx. fd is the file descriptor received for a VMM buffer
-// (Open takes ownership of it and closes it), -1 otherwise. A buffer of this same process is
+// (Open takes ownership of it and closes it, whatever the descriptor's kind and whether or
+// not it succeeds), -1 otherwise. A buffer of this same process is
 // used directly; the caller enables peer access between different devices.
 func Open(ctx *driver.Context, d Descriptor, fd int) (*Mapping, error) {
 	m := &Mapping{ctx: ctx, kind: d.Kind}
+	if fd >= 0 && (d.Local() || d.Kind != VMM) {
+		// Only a VMM import uses the descriptor; whatever else came is closed here, as the
+		// caller handed it over (a corrupt or foreign peer may send one with any kind).
+		closeFD(fd)
+	}
 	if d.Local() {
-		if fd >= 0 {
-			closeFD(fd)
-		}
 		m.ptr, m.local = driver.DevicePtr(d.Ptr), true
 		return m, nil
 	}

@@ -165,3 +165,31 @@ func memfds(t *testing.T, n int) []int {
 	t.Cleanup(func() { closeFDs(fds) })
 	return fds
 }
+
+// rawGroup forms a group of size ranks whose rank 0 is a real one (NewUnixWith) and whose
+// other ranks are rawJoin's: the test speaks for them on their connection, peers[r].conns[0]
+// (peers[0] is nil). Everything is closed when the test ends.
+func rawGroup(t *testing.T, ctx context.Context, size int) (Bootstrap, []*star) {
+	t.Helper()
+	token := testToken()
+	path := socketPath(t)
+	var b0 Bootstrap
+	peers := make([]*star, size)
+	for r, err := range eachRank(size, func(r int) (err error) {
+		if r == 0 {
+			b0, err = NewUnixWith(ctx, path, 0, size, token, Options{})
+		} else {
+			peers[r], err = rawJoin(ctx, path, token, r, size)
+		}
+		return err
+	}) {
+		require.NoError(t, err, "rank %d", r)
+	}
+	t.Cleanup(func() {
+		b0.Close()
+		for _, p := range peers[1:] {
+			p.Close()
+		}
+	})
+	return b0, peers
+}

@@ -781,3 +781,58 @@ func TestOversizeFramesRefusedWithoutAllocation(t *testing.T) {
 		assert.Less(t, allocated()-before, uint64(1<<20), "100 refused 1 GiB frames")
 	})
 }
+
+// TestGatherBudgetBoundsAllocation: MaxGather bounds what rank 0 allocates for one AllGather,
+// not only what it sends back. Each request is reserved from the call's budget when its header
+// arrives, before its blob is allocated; checking the total once every blob was read let 20
+// ranks that each announce MaxBlob (legal one by one) make rank 0 allocate 320 MiB before it
+// refused the call. Here the blobs never even come. The refusal names the rank and the limit,
+// and reaches every rank, as other refusals do.
+func TestGatherBudgetBoundsAllocation(t *testing.T) {
+	const size = 21 // 20 × MaxBlob = 320 MiB > MaxGather (256 MiB)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	b0, peers := rawGroup(t, ctx, size)
+	before := allocated()
+	for _, p := range peers[1:] {
+		_, err := p.conns[0].Write(rawHeader(kindAllGather, 1, MaxBlob, 0))
+		require.NoError(t, err)
+	}
+	callCtx, callCancel := context.WithTimeout(ctx, 5*time.Second)
+	defer callCancel()
+	_, err := b0.AllGather(callCtx, []byte("x"))
+	require.Error(t, err)
+	assert.Regexp(t, `rank \d+ sent an AllGather blob of 16777216 bytes, which takes the ranks' blobs past MaxGather \(268435456 bytes in all\)`, err.Error())
+	assert.NotErrorIs(t, err, context.DeadlineExceeded, "refused at once, not left to time out")
+	got := allocated() - before
+	assert.Less(t, got, uint64(MaxGather), "rank 0 allocated %d MiB for blobs it refused", got>>20)
+
+	for r, p := range peers[1:] {
+		c := p.conns[0]
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+		f, err := readFrame(c, onlyAbort)
+		require.NoError(t, err, "rank %d got no failure notice", r+1)
+		assert.ErrorContains(t, decodeAbort(0, f.payload), "past MaxGather", "rank %d", r+1)
+	}
+}
+
+// TestGatherTimeoutNamesRanksThatCalled: when a gather times out, rank 0 names the ranks it
+// waits for, and tells a rank that never called from one whose request began but did not come
+// in full (a slow or stuck sender). Saying that the latter had not made the call sent users
+// looking for a missing call that had been made.
+func TestGatherTimeoutNamesRanksThatCalled(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b0, peers := rawGroup(t, ctx, 4)
+	// Rank 1 announces 10 bytes and sends 5, rank 3 announces 10 and sends none; rank 2 does
+	// not call.
+	_, err := peers[1].conns[0].Write(append(rawHeader(kindAllGather, 1, 10, 0), "01234"...))
+	require.NoError(t, err)
+	_, err = peers[3].conns[0].Write(rawHeader(kindAllGather, 1, 10, 0))
+	require.NoError(t, err)
+	callCtx, callCancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer callCancel()
+	_, err = b0.AllGather(callCtx, []byte("x"))
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.ErrorContains(t, err, "waiting for ranks [2] to make this call and ranks [1 3], which made it, to send the rest of their requests")
+}

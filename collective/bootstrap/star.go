@@ -171,25 +171,20 @@ func (b *star) tellRoot(err error) {
 
 // rootCall is a call on rank 0: gather every rank's request, then answer each.
 func (b *star) rootCall(ctx context.Context, k kind, blob []byte, fds []int) ([][]byte, [][]int, error) {
-	reqs, err := b.gather(ctx, k, len(fds))
+	reqs, err := b.gather(ctx, k, len(fds), len(blob))
 	if err != nil {
 		return nil, nil, err
 	}
 	blobs := make([][]byte, b.size)
 	fdsets := make([][]int, b.size)
 	blobs[0], fdsets[0] = cloneBlob(blob), slices.Clone(fds)
-	total := uint64(len(blob))
 	for r := 1; r < b.size; r++ {
 		blobs[r], fdsets[r] = reqs[r].payload, reqs[r].fds
-		total += uint64(len(blobs[r]))
 	}
 	closeReceived := func() {
 		for _, got := range fdsets[1:] {
 			closeFDs(got)
 		}
-	}
-	if total > MaxGather {
-		return nil, nil, fmt.Errorf("the ranks' AllGather blobs total %d bytes, more than MaxGather (%d): exchange less at once", total, MaxGather)
 	}
 	reply := frame{kind: k, seq: b.seq}
 	if k == kindAllGather {
@@ -208,9 +203,11 @@ func (b *star) rootCall(ctx context.Context, k kind, blob []byte, fds []int) ([]
 }
 
 // gather reads call b.seq of kind k from every other rank at once, so that a rank that died is
-// noticed even while another one is slow. It fails with every rank's problem it saw: the
-// ranks that failed, or else the ranks that had not called when ctx ended.
-func (b *star) gather(ctx context.Context, k kind, nfds int) ([]frame, error) {
+// noticed even while another one is slow. nfds is rank 0's descriptor count and own the
+// length of rank 0's blob, which counts against MaxGather with the others'. It fails with every rank's problem
+// it saw: the ranks that failed, or else the ranks whose requests had not come (in full) when
+// ctx ended.
+func (b *star) gather(ctx context.Context, k kind, nfds, own int) ([]frame, error) {
 	start := time.Now()
 	readCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -219,10 +216,18 @@ func (b *star) gather(ctx context.Context, k kind, nfds int) ([]frame, error) {
 		f    frame
 		err  error
 	}
+	// The readers reserve each blob from budget when its header arrives, before they allocate
+	// it, so that the blobs rank 0 holds at once stay within MaxGather whatever the ranks
+	// announce.
+	budget := new(atomic.Int64)
+	budget.Store(MaxGather - int64(own))
+	// called[r]: rank r's request header was accepted: it made this call, even if the rest of
+	// its request has not come.
+	called := make([]atomic.Bool, b.size)
 	results := make(chan result, b.size-1)
 	for r := 1; r < b.size; r++ {
 		go func() {
-			f, err := b.recv(readCtx, r, b.requestCheck(k, nfds, r))
+			f, err := b.recv(readCtx, r, b.requestCheck(k, nfds, r, budget, &called[r]))
 			if err == nil && f.kind == kindAbort {
 				err = decodeAbort(r, f.payload)
 			}
@@ -233,13 +238,15 @@ func (b *star) gather(ctx context.Context, k kind, nfds int) ([]frame, error) {
 		}()
 	}
 	frames := make([]frame, b.size)
-	var failed, missing []int
+	var failed, missing, partial []int
 	var first error // of the lowest failed rank, so the report does not depend on timing
 	for range b.size - 1 {
 		res := <-results
 		switch {
 		case res.err == nil:
 			frames[res.rank] = res.f
+		case errors.Is(res.err, os.ErrDeadlineExceeded) && called[res.rank].Load():
+			partial = append(partial, res.rank)
 		case errors.Is(res.err, os.ErrDeadlineExceeded):
 			missing = append(missing, res.rank)
 		default:
@@ -257,9 +264,17 @@ func (b *star) gather(ctx context.Context, k kind, nfds int) ([]frame, error) {
 		if len(failed) > 1 {
 			err = fmt.Errorf("%w (ranks %v all failed)", first, failed)
 		}
-	case len(missing) > 0:
-		slices.Sort(missing)
-		err = timeoutError(ctx, time.Since(start), fmt.Sprintf("ranks %v to make this call", missing))
+	case len(missing) > 0 || len(partial) > 0:
+		var what []string
+		if len(missing) > 0 {
+			slices.Sort(missing)
+			what = append(what, fmt.Sprintf("ranks %v to make this call", missing))
+		}
+		if len(partial) > 0 {
+			slices.Sort(partial)
+			what = append(what, fmt.Sprintf("ranks %v, which made it, to send the rest of their requests", partial))
+		}
+		err = timeoutError(ctx, time.Since(start), strings.Join(what, " and "))
 	default:
 		return frames, nil
 	}
@@ -270,8 +285,9 @@ func (b *star) gather(ctx context.Context, k kind, nfds int) ([]frame, error) {
 }
 
 // requestCheck accepts rank r's request for call b.seq of kind k with nfds descriptors, or
-// its failure notice.
-func (b *star) requestCheck(k kind, nfds, r int) frameCheck {
+// its failure notice. It reserves an AllGather blob from budget, what is left of MaxGather for
+// this call, and sets called once it accepts a request.
+func (b *star) requestCheck(k kind, nfds, r int, budget *atomic.Int64, called *atomic.Bool) frameCheck {
 	return func(h header) error {
 		switch {
 		case h.kind == kindAbort:
@@ -284,8 +300,25 @@ func (b *star) requestCheck(k kind, nfds, r int) frameCheck {
 			return fmt.Errorf("rank %d sent an AllGather blob of %d bytes, more than MaxBlob (%d)", r, h.size, MaxBlob)
 		case k != kindAllGather && h.size != 0:
 			return fmt.Errorf("rank %d sent %d bytes with %s, which carries none (a corrupt stream)", r, h.size, k)
+		case !reserve(budget, int64(h.size)):
+			return fmt.Errorf("rank %d sent an AllGather blob of %d bytes, which takes the ranks' blobs past MaxGather (%d bytes in all): exchange less at once",
+				r, h.size, MaxGather)
 		}
+		called.Store(true)
 		return nil
+	}
+}
+
+// reserve takes n from budget if that much is left.
+func reserve(budget *atomic.Int64, n int64) bool {
+	for {
+		left := budget.Load()
+		if n > left {
+			return false
+		}
+		if budget.CompareAndSwap(left, left-n) {
+			return true
+		}
 	}
 }
 
@@ -323,7 +356,7 @@ func (b *star) peerCall(ctx context.Context, k kind, blob []byte, fds []int) ([]
 	})
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			err = timeoutError(ctx, time.Since(start), "rank 0 to answer (it, or a rank it waits for, has not made this call)")
+			err = timeoutError(ctx, time.Since(start), "rank 0 to answer (it, or a rank it waits for, has not made this call or not sent all of it)")
 		}
 		return nil, nil, err
 	}

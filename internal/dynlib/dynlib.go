@@ -62,22 +62,43 @@ func MappedFile(addr uintptr) (string, bool) {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		// start-end perms offset dev inode path
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 6 || !strings.HasPrefix(fields[5], "/") {
-			continue
-		}
-		lo, hi, ok := strings.Cut(fields[0], "-")
-		if !ok {
-			continue
-		}
-		start, err1 := strconv.ParseUint(lo, 16, 64)
-		end, err2 := strconv.ParseUint(hi, 16, 64)
-		if err1 == nil && err2 == nil && uint64(addr) >= start && uint64(addr) < end {
-			return fields[5], true
+		start, end, path, ok := parseMapsLine(sc.Text())
+		if ok && uint64(addr) >= start && uint64(addr) < end {
+			return path, true
 		}
 	}
 	return "", false
+}
+
+// parseMapsLine reads one line of /proc/self/maps, "start-end perms offset dev inode path",
+// and returns its address range and path; false for a line without a file (anonymous memory,
+// [heap], [stack]). The path is the rest of the line after the inode, not a whitespace field:
+// it may hold spaces. The kernel pads the inode with spaces and marks a file removed since it
+// was mapped with " (deleted)", which is not part of its name.
+func parseMapsLine(line string) (start, end uint64, path string, ok bool) {
+	var fields [5]string
+	rest := line
+	for i := range fields {
+		var found bool
+		fields[i], rest, found = strings.Cut(strings.TrimLeft(rest, " "), " ")
+		if !found {
+			return 0, 0, "", false
+		}
+	}
+	path = strings.TrimSuffix(strings.TrimLeft(rest, " "), " (deleted)")
+	if !strings.HasPrefix(path, "/") {
+		return 0, 0, "", false
+	}
+	lo, hi, found := strings.Cut(fields[0], "-")
+	if !found {
+		return 0, 0, "", false
+	}
+	start, err1 := strconv.ParseUint(lo, 16, 64)
+	end, err2 := strconv.ParseUint(hi, 16, 64)
+	if err1 != nil || err2 != nil {
+		return 0, 0, "", false
+	}
+	return start, end, path, true
 }
 
 // dlopen is purego.Dlopen on one OS thread: dlerror's reason for a failure belongs to the

@@ -4,10 +4,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"unsafe"
 
 	"github.com/ebitengine/purego"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // TestOpenNamesEveryPath: when nothing loads, the error names every path with its reason: a
@@ -47,4 +49,44 @@ func TestOpenFirstThatLoads(t *testing.T) {
 
 	_, ok = MappedFile(0)
 	assert.False(t, ok, "no file holds address 0")
+}
+
+// mapFile maps the first page of a new file at path read-only and returns the mapping's
+// address; the mapping is removed when the test ends.
+func mapFile(t *testing.T, path string) uintptr {
+	t.Helper()
+	require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
+	require.NoError(t, os.WriteFile(path, make([]byte, os.Getpagesize()), 0o644))
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close() // the mapping keeps the file
+	mem, err := unix.Mmap(int(f.Fd()), 0, os.Getpagesize(), unix.PROT_READ, unix.MAP_SHARED)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unix.Munmap(mem) })
+	return uintptr(unsafe.Pointer(&mem[0]))
+}
+
+// TestMappedFileKeepsSpacesInPaths: the path is the rest of the maps line after the inode,
+// not a whitespace field, so a library under a folder with a space in its name (a home
+// directory, "Program Files"-style installs) is reported whole, not cut at the space.
+func TestMappedFileKeepsSpacesInPaths(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dir with space", "lib  two spaces.so.1")
+	addr := mapFile(t, path)
+	got, ok := MappedFile(addr)
+	require.True(t, ok)
+	assert.Equal(t, path, got)
+	got, ok = MappedFile(addr + uintptr(os.Getpagesize()) - 1)
+	require.True(t, ok, "the last byte of the mapping")
+	assert.Equal(t, path, got)
+}
+
+// TestMappedFileOfARemovedFile: the kernel marks a file removed after it was mapped with
+// " (deleted)"; that mark is not part of the path MappedFile returns.
+func TestMappedFileOfARemovedFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "gone", "libgone.so.1")
+	addr := mapFile(t, path)
+	require.NoError(t, os.Remove(path))
+	got, ok := MappedFile(addr)
+	require.True(t, ok)
+	assert.Equal(t, path, got)
 }
