@@ -87,6 +87,8 @@ type Comm struct {
 	ncclWhy     string // why there is no NCCL communicator
 
 	drainOverride time.Duration // tests: replaces drainLimit
+	// tests: replaces judgeTopology, rank 0's check of the ranks' GPUs
+	judgeOverride func(context.Context, []rankInfo) (bool, error)
 
 	startupAt time.Time      // when New (NewGroup) began
 	startup   StartupProfile // where New spent its time (Startup)

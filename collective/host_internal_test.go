@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goccl/goccl/collective/bootstrap"
 	"github.com/goccl/goccl/driver"
 	"github.com/goccl/goccl/dtype"
 	"github.com/goccl/goccl/internal/gputest"
@@ -217,6 +218,66 @@ func TestPeerAtomics(t *testing.T) {
 	}
 	assert.False(t, peerAtomics([]int{0, 0, 1}, failing))
 	assert.Equal(t, [][2]int{{0, 1}}, asked, "the first failure decides")
+}
+
+// TestTopologyVerdictReachesEveryRank: in New across processes, rank 0 checks every rank's
+// GPU and every rank ends as it does: eligible (with rank 0's answer about atomics), not
+// eligible (ErrNotEligible everywhere, so that every rank may hand the work to NCCL), or a
+// check that failed (an error everywhere, never taken for ErrNotEligible by the peers while
+// rank 0 fails New).
+func TestTopologyVerdictReachesEveryRank(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		atomics     bool
+		verdict     error
+		notEligible bool
+		want        string
+	}{
+		{"eligible", true, nil, false, ""},
+		{"not eligible", false, fmt.Errorf("%w: GPU 0 and GPU 1 have no NVLink", ErrNotEligible), true, "no NVLink"},
+		{"check failed", false, errors.New("discover the GPUs' links: NVML refused"), false, "NVML refused"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const size = 3
+			boots, err := bootstrap.NewInProcess(size)
+			require.NoError(t, err)
+			infos := make([]rankInfo, size)
+			for r := range infos {
+				infos[r].Process = uint64(100 + r) // a process and a GPU each
+				infos[r].UUID[0] = byte(r + 1)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			atomics := make([]bool, size)
+			errs := make([]error, size)
+			done := make(chan struct{})
+			for r := range size {
+				go func() {
+					defer func() { done <- struct{}{} }()
+					defer boots[r].Close()
+					c := &Comm{rank: r, size: size, boot: boots[r]}
+					c.judgeOverride = func(context.Context, []rankInfo) (bool, error) {
+						assert.Zero(t, r, "only rank 0 judges")
+						return tc.atomics, tc.verdict
+					}
+					atomics[r], errs[r] = c.checkPeerTopology(ctx, infos)
+				}()
+			}
+			for range size {
+				<-done
+			}
+			for r := range size {
+				assert.Equal(t, tc.atomics, atomics[r], "rank %d", r)
+				if tc.want == "" {
+					assert.NoError(t, errs[r], "rank %d", r)
+					continue
+				}
+				require.Error(t, errs[r], "rank %d", r)
+				assert.ErrorContains(t, errs[r], tc.want, "rank %d", r)
+				assert.Equal(t, tc.notEligible, errors.Is(errs[r], ErrNotEligible), "rank %d: %v", r, errs[r])
+			}
+		})
+	}
 }
 
 // spinPTX holds a kernel that runs for p_ns nanoseconds of %globaltimer: another part of the

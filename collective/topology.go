@@ -2,6 +2,7 @@ package collective
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/goccl/goccl/driver"
@@ -55,27 +56,68 @@ func (c *Comm) checkPeerTopology(ctx context.Context, infos []rankInfo) (atomics
 		}
 		return peerAtomics(ordinals, driverPeerAtomics), nil
 	}
+	// Rank 0's verdict: [atomics, outcome, reason...]. The outcome tells the ranks apart from
+	// a refusal: GPUs that are not eligible (every rank may hand the work to NCCL) against a
+	// check that failed (every rank fails New, as rank 0 does).
 	var verdict error
-	payload := []byte{0}
+	payload := []byte{0, verdictEligible}
 	if c.rank == 0 {
+		judge := c.judgeTopology
+		if c.judgeOverride != nil {
+			judge = c.judgeOverride
+		}
 		var atomics bool
-		atomics, verdict = c.judgeTopology(ctx, infos)
+		atomics, verdict = judge(ctx, infos)
 		if atomics {
 			payload[0] = 1
 		}
+		if verdict != nil {
+			payload[1] = verdictFailed
+			if errors.Is(verdict, ErrNotEligible) {
+				payload[1] = verdictNotEligible
+			}
+			payload = append(payload, truncate(verdict.Error(), maxRefusalBytes)...)
+		}
 	}
-	blobs, err := c.boot.AllGather(ctx, withStatus(payload, verdict))
+	blobs, err := c.boot.AllGather(ctx, withStatus(payload, nil))
 	if err != nil {
 		return false, fmt.Errorf("exchange the topology verdict: %w", err)
 	}
-	payloads, refused := splitStatus(blobs)
-	if refused != nil {
-		if verdict != nil {
-			return false, verdict
-		}
-		return false, fmt.Errorf("%w: %v", ErrNotEligible, refused)
+	payloads, err := splitStatus(blobs)
+	if err != nil {
+		return false, fmt.Errorf("exchange the topology verdict: %w", err)
 	}
-	return len(payloads[0]) == 1 && payloads[0][0] == 1, nil
+	if verdict != nil {
+		return false, verdict
+	}
+	p := payloads[0]
+	if len(p) < 2 {
+		return false, fmt.Errorf("exchange the topology verdict: rank 0 sent %d bytes (do all ranks run the same goccl version?)", len(p))
+	}
+	switch p[1] {
+	case verdictEligible:
+		return p[0] == 1, nil
+	case verdictNotEligible:
+		return false, fmt.Errorf("%w: rank 0 judged: %s", ErrNotEligible, p[2:])
+	case verdictFailed:
+		return false, fmt.Errorf("rank 0 could not check the ranks' GPUs: %s", p[2:])
+	}
+	return false, fmt.Errorf("exchange the topology verdict: unknown outcome %d from rank 0 (do all ranks run the same goccl version?)", p[1])
+}
+
+// The outcomes of rank 0's check of the ranks' GPUs, as checkPeerTopology sends them.
+const (
+	verdictEligible    = 0
+	verdictNotEligible = 1
+	verdictFailed      = 2
+)
+
+// truncate cuts s to at most n bytes.
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
 }
 
 // judgeTopology is rank 0's check of every rank's GPU, and whether they all have native

@@ -147,11 +147,7 @@ const maxRefusalBytes = 1024
 // text of failure.
 func withStatus(payload []byte, failure error) []byte {
 	if failure != nil {
-		msg := failure.Error()
-		if len(msg) > maxRefusalBytes {
-			msg = msg[:maxRefusalBytes]
-		}
-		return append([]byte{exchangeFailed}, msg...)
+		return append([]byte{exchangeFailed}, truncate(failure.Error(), maxRefusalBytes)...)
 	}
 	return append([]byte{exchangeOK}, payload...)
 }

@@ -22,11 +22,12 @@ func Write(path, pattern string, data []byte, perm os.FileMode) error {
 		return err
 	}
 	_, werr := tmp.Write(data)
+	// The mode goes on the open file, not on its name: in a folder others can write, the
+	// name may meanwhile point at another file (a symlink), whose mode a chmod by name
+	// would change.
+	merr := tmp.Chmod(perm)
 	cerr := tmp.Close()
-	err = errors.Join(werr, cerr)
-	if err == nil {
-		err = os.Chmod(tmp.Name(), perm)
-	}
+	err = errors.Join(werr, merr, cerr)
 	if err == nil {
 		err = os.Rename(tmp.Name(), path)
 	}

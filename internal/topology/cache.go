@@ -18,17 +18,21 @@ import (
 
 // peerCache is the file holding peer-check results for one driver version and one set of
 // GPUs. Results are keyed by bus id, so a CUDA_VISIBLE_DEVICES that only reorders the same
-// GPUs reuses them.
+// GPUs reuses them. The set is named by bus ids and UUIDs both: bus ids name slots, so
+// another host with the same boards (a cache folder on a shared home) or a GPU replaced in
+// its slot has the same bus ids, and must not take this set's verdicts.
 type peerCache struct {
 	path    string
 	driver  string
 	devices []string // sorted bus ids
+	uuids   []string // the GPUs' UUIDs, in the order of devices
 }
 
 // cacheFile is the JSON stored on disk.
 type cacheFile struct {
 	Driver  string        `json:"driver"`
 	Devices []string      `json:"devices"`
+	UUIDs   []string      `json:"uuids"`
 	Checked time.Time     `json:"checked"`
 	Results []cacheResult `json:"results"`
 }
@@ -57,12 +61,13 @@ func (t *Topology) openCache(dir string) (*peerCache, error) {
 		}
 		dir = filepath.Join(base, "goccl")
 	}
-	devices := make([]string, len(t.GPUs))
-	for i, g := range t.GPUs {
-		devices[i] = g.BusID
+	gpus := slices.Clone(t.GPUs)
+	slices.SortFunc(gpus, func(a, b GPU) int { return strings.Compare(a.BusID, b.BusID) })
+	devices, uuids := make([]string, len(gpus)), make([]string, len(gpus))
+	for i, g := range gpus {
+		devices[i], uuids[i] = g.BusID, g.UUID
 	}
-	slices.Sort(devices)
-	sum := sha256.Sum256([]byte(strings.Join(devices, ",")))
+	sum := sha256.Sum256([]byte(strings.Join(devices, ",") + ";" + strings.Join(uuids, ",")))
 	driver := t.driverKey()
 	safe := strings.Map(func(r rune) rune {
 		if r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r == '.' {
@@ -71,7 +76,7 @@ func (t *Topology) openCache(dir string) (*peerCache, error) {
 		return '_'
 	}, driver)
 	name := fmt.Sprintf("p2p-%s-%x.json", safe, sum[:8])
-	return &peerCache{path: filepath.Join(dir, name), driver: driver, devices: devices}, nil
+	return &peerCache{path: filepath.Join(dir, name), driver: driver, devices: devices, uuids: uuids}, nil
 }
 
 // load reads the cache; nil, nil when there is none yet.
@@ -88,9 +93,9 @@ func (c *peerCache) load() (*cacheFile, error) {
 		return nil, fmt.Errorf("%s: %w (delete it, or set %s=1 or Options.Force to check again)", c.path, err, RecheckEnv)
 	}
 	// The name is only a hash: make sure the file is about these GPUs and this driver.
-	if f.Driver != c.driver || !slices.Equal(f.Devices, c.devices) {
-		return nil, fmt.Errorf("%s: written for driver %s and GPUs %v, not %s and %v",
-			c.path, f.Driver, f.Devices, c.driver, c.devices)
+	if f.Driver != c.driver || !slices.Equal(f.Devices, c.devices) || !slices.Equal(f.UUIDs, c.uuids) {
+		return nil, fmt.Errorf("%s: written for driver %s and GPUs %v (%v), not %s and %v (%v)",
+			c.path, f.Driver, f.Devices, f.UUIDs, c.driver, c.devices, c.uuids)
 	}
 	return &f, nil
 }
@@ -119,7 +124,7 @@ func (t *Topology) applyCached(f *cacheFile, pairs []Pair) bool {
 // save writes the checks of pairs, atomically so that a concurrent Discover never reads half
 // a file.
 func (c *peerCache) save(t *Topology, pairs []Pair) error {
-	f := cacheFile{Driver: c.driver, Devices: c.devices, Checked: time.Now().UTC()}
+	f := cacheFile{Driver: c.driver, Devices: c.devices, UUIDs: c.uuids, Checked: time.Now().UTC()}
 	for _, p := range pairs {
 		f.Results = append(f.Results, cacheResult{
 			From:  t.GPUs[p.From].BusID,

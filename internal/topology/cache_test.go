@@ -86,6 +86,19 @@ func TestPeerCheckCacheKeys(t *testing.T) {
 	assert.Equal(t, CheckRunNow, narrowed.PeerCheck)
 	assert.NotEqual(t, first.CachePath, narrowed.CachePath)
 
+	// Other GPUs in the same slots, with the same driver: another host whose cache folder is
+	// a shared home's, or a GPU replaced. Bus ids name slots: the UUIDs tell them apart.
+	nv, cu = pcieBox()
+	for i := range cu.gpus {
+		cu.gpus[i].UUID = "GPU-ffffffff" + cu.gpus[i].UUID[len("GPU-ffffffff"):]
+	}
+	for _, d := range nv.devs {
+		d.uuid = "GPU-ffffffff" + d.uuid[len("GPU-ffffffff"):]
+	}
+	otherGPUs := run(nv, cu)
+	assert.Equal(t, CheckRunNow, otherGPUs.PeerCheck, "another set of GPUs in the same slots checks again")
+	assert.NotEqual(t, first.CachePath, otherGPUs.CachePath)
+
 	nv, cu = pcieBox()
 	nv.initErr = ErrNoNVML // no NVML: the key falls back to CUDA's version
 	noNVML := run(nv, cu)

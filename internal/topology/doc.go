@@ -27,7 +27,8 @@
 // every ordered pair (i, j), and each GPU with itself, is checked for real: a copy kernel on
 // GPU i stores random data into GPU j's memory through the peer mapping, then j reads it
 // back, all within a timeout. The results are cached under os.UserCacheDir()/goccl per
-// driver version and set of GPUs when every pair ended in a verdict: passed, data that came
+// driver version and set of GPUs (their bus ids and UUIDs: a slot holds another GPU on
+// another host, or after a swap) when every pair ended in a verdict: passed, data that came
 // back wrong, or peer access the driver offered and then refused. A check that timed out or
 // failed in any other way fails its pair for this process only, and nothing of that run is
 // cached. An error that comes from a cached verdict names the cache file; GOCCL_P2P_RECHECK=1
