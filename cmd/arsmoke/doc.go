@@ -269,7 +269,9 @@
 // algbw is size / time; busbw = algbw * 2(n-1)/n for n ranks, comparable with
 // the links' bandwidth whatever n; #wrong counts the elements, over all ranks,
 // that differ from the reference or between ranks, for NCCL those outside its
-// tolerance (see NCCL); N/A with -c 0. Each table
+// tolerance (see NCCL); N/A with -c 0. With -g, out of place, the result of
+// the graph's replays is checked as well as the eager call's, and #wrong is
+// the larger of the two counts (an element is never counted twice). Each table
 // ends with
 //
 //	# Out of bounds values : 0 OK        (or: N FAILED)
@@ -283,7 +285,7 @@
 // and the last line is the verdict, for example
 //
 //	arsmoke: PASS — 8 ranks, bf16, 14 sizes, 0 wrong
-//	arsmoke: FAIL — 8 ranks, bf16, 14 sizes, 3 wrong; first: auto, 4096 B in-place, rank 3, element 17: expected 0x3f80 (1), got 0x0000 (0)
+//	arsmoke: FAIL — 8 ranks, bf16, 14 sizes, 3 wrong; first: auto, 4096 B in-place, rank 3, element 17: expected 1 (0x3f80), got 0 (0x0000)
 //	arsmoke: DONE — 8 ranks, bf16, 14 sizes, results not checked (-c 0)
 //	arsmoke: PASS — 2 ranks, bf16, 14 sizes, goccl beside NCCL, 0 wrong
 //
@@ -298,6 +300,10 @@
 // measurement, the same fields) and speedup),
 // first_mismatch when something was wrong, error when the run stopped early,
 // and verdict (pass, line). A failure also prints the verdict line on stderr.
+// With --procs the document is rank 0's; where rank 0 printed none (it was
+// stopped, or the run failed before it could), arsmoke prints one with the
+// error that ended the run, so that stdout is one JSON object whatever
+// happens.
 //
 // On a terminal, a progress line on stderr shows the case being measured;
 // there is none when stderr is not a terminal, or with --json.

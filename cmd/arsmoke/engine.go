@@ -146,8 +146,8 @@ type Measurement struct {
 type Mismatch struct {
 	Rank  int   `json:"rank"`
 	Index int64 `json:"index"`
-	// Expected and Got are the element's bits and value, formatted by the
-	// engine, e.g. "0x3f80 (1)".
+	// Expected and Got are the element's value and bits, formatted by the
+	// engine, e.g. "1 (0x3f80)".
 	Expected string `json:"expected"`
 	Got      string `json:"got"`
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/goccl/goccl/collective"
+	"github.com/goccl/goccl/dtype"
 )
 
 // envFake makes a --procs child started by a test use a fake engine; its
@@ -126,11 +127,16 @@ func useFake(t *testing.T, visible int, build func(engineConfig) (engine, error)
 // the first at index 3), all-reduce and fused; "slow1": rank 1 takes 10 times
 // as long as rank 0; "err1": rank 1's 4 KiB cases fail; "hostid" and
 // "nohostid": a child fails unless NCCL_HOSTID is set for it (and not set,
-// see checkHostEnv).
+// see checkHostEnv); "tune": --tune measures with a fake tuner.
 func installFake(mode string) {
 	gocclVersion = "v0.1.0-test"
 	countDevices = func() (int, error) { return 1, nil }
 	ncclLoads = func() bool { return true }
+	if mode == "tune" {
+		newTuneRunner = func(_ context.Context, cfg engineConfig, _ dtype.DType, _, _ int) (tuneRunner, error) {
+			return &fakeTuner{target: h200Target(cfg.Proc.World), closed: new(int)}, nil
+		}
+	}
 	newEngine = func(_ context.Context, cfg engineConfig) (engine, error) {
 		if cfg.Proc == nil {
 			return nil, errors.New("fake child: no procInfo")
@@ -154,14 +160,14 @@ func installFake(mode string) {
 			f.measure = func(c Case) (Measurement, error) {
 				m := recorded(c)
 				m.Wrong = 5
-				m.First = &Mismatch{Rank: 1, Index: 3, Expected: "0x3f80 (1)", Got: "0x0000 (0)"}
+				m.First = &Mismatch{Rank: 1, Index: 3, Expected: "1 (0x3f80)", Got: "0 (0x0000)"}
 				return m, nil
 			}
 			fakeFused = func(c FusedCase) (FusedMeasurement, error) {
 				m := recordedFused(c)
 				m.UnfusedWrong = 5
 				m.First = &FusedMismatch{Call: "unfused", Output: "sum",
-					Mismatch: Mismatch{Rank: 1, Index: 3, Expected: "0x3f80 (1)", Got: "0x0000 (0)"}}
+					Mismatch: Mismatch{Rank: 1, Index: 3, Expected: "1 (0x3f80)", Got: "0 (0x0000)"}}
 				return m, nil
 			}
 		case mode == "slow1" && cfg.Proc.Rank == 1:

@@ -151,7 +151,7 @@ func wrongFusedAt8(c FusedCase) (FusedMeasurement, error) {
 	m := recordedFused(c)
 	if c.Rows == 8 {
 		m.UnfusedWrong = 5
-		m.First = &FusedMismatch{Call: "unfused", Output: "NormOut", Mismatch: Mismatch{Rank: 2, Index: 8200, Expected: "0x3f80 (1)", Got: "0xffff (NaN)"}}
+		m.First = &FusedMismatch{Call: "unfused", Output: "NormOut", Mismatch: Mismatch{Rank: 2, Index: 8200, Expected: "1 (0x3f80)", Got: "NaN (0xffff)"}}
 	}
 	return m, nil
 }
@@ -172,7 +172,7 @@ func TestFusedGolden(t *testing.T) {
 		{name: "fused-unchecked", visible: 2, args: []string{"--fused", "-c", "0", "--rows", "4"}},
 		{name: "fused-wrong", visible: 1, args: []string{"--fused", "--rows", "1,8"}, measure: wrongFusedAt8, code: 1},
 		{name: "fused-wrong-json", visible: 1, args: []string{"--fused", "--rows", "1,8", "--json"}, measure: wrongFusedAt8, code: 1,
-			stderr: "arsmoke: FAIL — 8 ranks, bf16, fused, hidden 8192, 2 row counts, 5 wrong; first: auto, 8 rows, unfused call, NormOut, rank 2, element 8200: expected 0x3f80 (1), got 0xffff (NaN)\n"},
+			stderr: "arsmoke: FAIL — 8 ranks, bf16, fused, hidden 8192, 2 row counts, 5 wrong; first: auto, 8 rows, unfused call, NormOut, rank 2, element 8200: expected 1 (0x3f80), got NaN (0xffff)\n"},
 		{name: "fused-timeout", visible: 8, args: []string{"--fused", "-a", "twoshot"}, code: 1,
 			measure: func(c FusedCase) (FusedMeasurement, error) {
 				if c.Rows == 32 {

@@ -298,8 +298,15 @@ func (e *gpuEngine) Run(ctx context.Context, c Case) (Measurement, error) {
 	}
 	if c.Check && c.Graph && !c.InPlace {
 		// Out of place the inputs survive the replays: the graph's result must be the same.
-		if err := e.compare(c, graphPath, inputs, &m); err != nil {
+		// An element wrong in both checks is one wrong element: the row takes the larger
+		// count, never the sum, which could pass the number of elements.
+		var replayed Measurement
+		if err := e.compare(c, graphPath, inputs, &replayed); err != nil {
 			return m, err
+		}
+		m.Wrong = max(m.Wrong, replayed.Wrong)
+		if m.First == nil {
+			m.First = replayed.First
 		}
 	}
 	return m, nil

@@ -127,15 +127,24 @@ func runRanks(ctx context.Context, c config, proc *procInfo, stdout, stderr io.W
 		code = printReport(c, r, code, stdout, stderr)
 	}
 	shown := "" // the verdict line rank 0 printed, where this process knows it
+	agreed := false
 	if group != nil {
+		inStep := group.inStep
 		if shown, err = group.end(ctx, r.Verdict.Line); err != nil {
 			fmt.Fprintf(stderr, "arsmoke: %v\n", err)
 			code = exitFail
 		}
+		agreed = inStep && err == nil
 	}
 	if proc != nil && proc.Rank != 0 && !r.Verdict.Pass && r.Verdict.Line != shown {
 		// What rank 0 printed does not say it: this rank failed on its own.
 		fmt.Fprintln(stderr, r.Verdict.Line)
+		agreed = false
+	}
+	if code == exitFail && !r.Verdict.Pass && agreed {
+		// The run's verdict, which every rank's results went into and rank 0 printed: the
+		// parent must not take this rank for the one that failed.
+		return exitAgreedFail
 	}
 	return code
 }

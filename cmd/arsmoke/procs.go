@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -48,6 +50,11 @@ func childFromEnv(c config) (*procInfo, error) {
 	return &procInfo{Rank: rank, World: c.procs, Socket: sock}, nil
 }
 
+// exitAgreedFail is the exit code of a --procs child whose run ended with a failure every
+// rank agreed on (wrong results, a failed set-up), after rank 0 printed it: the parent takes
+// it for the run's verdict, not for a rank that failed first, and exits with exitFail.
+const exitAgreedFail = 3
+
 // runParent starts c.procs copies of this executable with the same
 // arguments, one rank each, and waits for them. When the ranks use NCCL and
 // share a GPU, each process gets its own NCCL_HOSTID (see ncclHostEnv). Rank 0's stdout becomes
@@ -55,11 +62,43 @@ func childFromEnv(c config) (*procInfo, error) {
 // fails, the others are killed at once; when one finishes, the others get
 // --timeout to follow, so that a rank stuck outside its watchdog cannot hang
 // the run.
+//
+// With --json, rank 0's stdout is held until the run ends: stdout is one JSON document
+// whatever happens, rank 0's report, or, where rank 0 printed none (it was stopped, or the
+// run failed before it could), one that says why the run failed.
 func runParent(ctx context.Context, c config, args []string, stdout, stderr io.Writer) int {
+	if !c.json {
+		code, _ := superviseRanks(ctx, c, args, stdout, stderr)
+		return code
+	}
+	var out bytes.Buffer
+	code, cause := superviseRanks(ctx, c, args, &out, stderr)
+	if doc := bytes.TrimSpace(out.Bytes()); len(doc) > 0 && json.Valid(doc) {
+		if _, err := stdout.Write(out.Bytes()); err != nil {
+			fmt.Fprintf(stderr, "arsmoke: write the results: %v\n", err)
+			return exitFail
+		}
+		return code
+	}
+	if cause == "" {
+		cause = "rank 0 printed no report"
+	}
+	r := newReport(c)
+	r.finish(fmt.Errorf("--procs %d: %s", c.procs, cause))
+	if err := renderJSON(stdout, r); err != nil {
+		fmt.Fprintf(stderr, "arsmoke: write the results: %v\n", err)
+	}
+	return exitFail
+}
+
+// superviseRanks is runParent but for what it prints on stdout: rank 0's output goes to
+// stdout as it comes. It returns the exit code and, for a failure, what failed.
+func superviseRanks(ctx context.Context, c config, args []string, stdout, stderr io.Writer) (code int, cause string) {
 	errOut := &lockedWriter{w: stderr}
-	fail := func(format string, a ...any) int {
-		fmt.Fprintf(errOut, "arsmoke: --procs %d: %s\n", c.procs, fmt.Sprintf(format, a...))
-		return 1
+	fail := func(format string, a ...any) (int, string) {
+		msg := fmt.Sprintf(format, a...)
+		fmt.Fprintf(errOut, "arsmoke: --procs %d: %s\n", c.procs, msg)
+		return exitFail, msg
 	}
 	hostIDs := false
 	if c.backend != backendGoccl {
@@ -139,17 +178,20 @@ func runParent(ctx context.Context, c config, args []string, stdout, stderr io.W
 		finished    = -1
 		grace       <-chan time.Time
 		interrupted = ctx.Done()
-		cause       string
 		stopped     []int
+		agreedFail  bool // a rank ended with the failure every rank agreed on
 	)
 	for len(running) > 0 {
 		select {
 		case e := <-done:
 			delete(running, e.rank)
+			var exit *exec.ExitError
+			agreed := errors.As(e.err, &exit) && exit.ExitCode() == exitAgreedFail
+			agreedFail = agreedFail || agreed
 			switch {
 			case cause != "":
 				// One we stopped: its end is no news.
-			case e.err != nil:
+			case e.err != nil && !agreed:
 				cause = fmt.Sprintf("rank %d failed (%v)", e.rank, e.err)
 				stopped = stop()
 			case finished < 0:
@@ -166,8 +208,12 @@ func runParent(ctx context.Context, c config, args []string, stdout, stderr io.W
 			stopped = stop()
 		}
 	}
-	if cause == "" {
-		return 0
+	switch {
+	case cause == "" && agreedFail:
+		// Rank 0 printed the verdict, which every rank agreed on.
+		return exitFail, "the ranks' verdict: FAIL (see rank 0's report)"
+	case cause == "":
+		return exitPass, ""
 	}
 	if len(stopped) > 0 {
 		cause += fmt.Sprintf("; stopped ranks %s", ranksOf(stopped))

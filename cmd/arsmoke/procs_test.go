@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -37,6 +38,14 @@ func TestProcsWithoutGPU(t *testing.T) {
 	assert.Empty(t, stdout)
 	assert.Regexp(t, `(?m)^rank [01]: arsmoke: FAIL — `, stderr)
 	assert.Regexp(t, `(?m)^arsmoke: --procs 2: rank [01] failed \(exit status 1\)`, stderr)
+
+	// With --json, stdout is one JSON document all the same, whichever rank ends first.
+	for range 5 {
+		code, r, _ := procsReport(t, "", "--procs", "2", "-e", "4K", "--timeout", "5s")
+		assert.Equal(t, exitFail, code)
+		assert.False(t, r.Verdict.Pass)
+		assert.NotEmpty(t, r.Error)
+	}
 }
 
 func TestProcsPass(t *testing.T) {
@@ -58,7 +67,30 @@ func TestProcsOneFails(t *testing.T) {
 	const verdict = "arsmoke: FAIL — 2 ranks, bf16, 3 sizes: set up 2 ranks, 2 processes, all on GPU 0: rank 1: fake child: rank 1 cannot join\n"
 	assert.Contains(t, stderr, "rank 0: "+verdict)
 	assert.Equal(t, 1, strings.Count(stderr, verdict), "rank 1 does not repeat what rank 0 said:\n%s", stderr)
-	assert.Regexp(t, `(?m)^arsmoke: --procs 2: rank [01] failed \(exit status 1\)`, stderr)
+	assert.NotContains(t, stderr, "arsmoke: --procs 2:", "the ranks' verdict names rank 1; the parent blames no rank that merely exited first")
+}
+
+// TestProcsVerdictBlamesNoRank: with wrong results on rank 1 every rank exits with the run's
+// verdict, which rank 0 printed; whichever exits first, the parent does not report it as the
+// rank that failed.
+func TestProcsVerdictBlamesNoRank(t *testing.T) {
+	for range 3 {
+		code, stdout, stderr, _ := runProcs(t, "wrong1", "--procs", "2", "-b", "1K", "-e", "4K")
+		assert.Equal(t, exitFail, code)
+		assert.Contains(t, stdout, "rank 1, element 3")
+		assert.NotContains(t, stderr, "failed (exit status", "no rank is blamed for the verdict")
+	}
+}
+
+// TestProcsJSONWithoutRank0Report: with --json, stdout is one JSON document also when rank 0
+// printed none (here rank 0 hangs and is stopped): the parent's, with the failure.
+func TestProcsJSONWithoutRank0Report(t *testing.T) {
+	code, r, stderr := procsReport(t, "hang0", "--procs", "2", "-b", "1K", "-e", "4K", "--timeout", "1s")
+	assert.Equal(t, exitFail, code)
+	assert.False(t, r.Verdict.Pass)
+	assert.Contains(t, r.Error, "--procs 2: rank 1 failed (exit status 1); stopped ranks 0")
+	assert.Equal(t, "arsmoke: FAIL — 2 ranks, bf16, 3 sizes: "+r.Error, r.Verdict.Line)
+	assert.Contains(t, stderr, "arsmoke: --procs 2: rank 1 failed (exit status 1); stopped ranks 0\n")
 }
 
 // TestProcsOneHangs: rank 0 never finishes its first case; rank 1 waits --timeout for its
@@ -158,7 +190,7 @@ func procsReport(t *testing.T, mode string, args ...string) (code int, r report,
 // prints must come from every process's counts: rank 1's wrong elements are in rank 0's
 // table, JSON and verdict, and every rank exits 1.
 func TestProcsWrongOnOtherRank(t *testing.T) {
-	const verdict = "arsmoke: FAIL — 2 ranks, bf16, 3 sizes, 30 wrong; first: auto, 1024 B out-of-place, rank 1, element 3: expected 0x3f80 (1), got 0x0000 (0)"
+	const verdict = "arsmoke: FAIL — 2 ranks, bf16, 3 sizes, 30 wrong; first: auto, 1024 B out-of-place, rank 1, element 3: expected 1 (0x3f80), got 0 (0x0000)"
 	code, r, stderr := procsReport(t, "wrong1", "--procs", "2", "-b", "1K", "-e", "4K")
 	assert.Equal(t, exitFail, code, stderr)
 	assert.False(t, r.Verdict.Pass)
@@ -175,7 +207,7 @@ func TestProcsWrongOnOtherRank(t *testing.T) {
 
 	code, stdout, stderr, _ := runProcs(t, "wrong1", "--procs", "3", "-b", "1K", "-e", "4K")
 	assert.Equal(t, exitFail, code)
-	assert.True(t, strings.HasSuffix(stdout, "arsmoke: FAIL — 3 ranks, bf16, 3 sizes, 30 wrong; first: auto, 1024 B out-of-place, rank 1, element 3: expected 0x3f80 (1), got 0x0000 (0)\n"), stdout)
+	assert.True(t, strings.HasSuffix(stdout, "arsmoke: FAIL — 3 ranks, bf16, 3 sizes, 30 wrong; first: auto, 1024 B out-of-place, rank 1, element 3: expected 1 (0x3f80), got 0 (0x0000)\n"), stdout)
 	assert.NotContains(t, stderr, "FAIL —", "rank 0's table says it all")
 }
 
@@ -230,4 +262,18 @@ func TestProcsErrorOnOtherRank(t *testing.T) {
 	require.Len(t, r.Blocks, 1)
 	assert.Len(t, r.Blocks[0].Rows, 2, "the sizes measured before the failure")
 	assert.Equal(t, 1, strings.Count(stderr, "FAIL —"), "one verdict, rank 0's:\n%s", stderr)
+}
+
+// TestProcsTuneWaitsForTheTable: the ranks of --tune --procs wait for rank 0 to write the
+// table, here behind another run's lock for longer than --timeout: the parent must not take
+// the other ranks' end for the run's and stop rank 0 halfway.
+func TestProcsTuneWaitsForTheTable(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "tune.json")
+	unlock, err := lockFile(out + ".lock") // another --tune run merging its section
+	require.NoError(t, err)
+	go func() { time.Sleep(3 * time.Second); unlock() }()
+	code, stdout, stderr, _ := runProcs(t, "tune", strings.Fields("--tune --procs 2 --device 0 -e 8K --quick --timeout 1s -o "+out)...)
+	require.Equal(t, exitPass, code, stderr)
+	assert.FileExists(t, out)
+	assert.Contains(t, stdout, "wrote "+out)
 }

@@ -57,7 +57,7 @@ func wrongAt4K(c Case) (Measurement, error) {
 	m := recorded(c)
 	if c.Bytes == 4096 && c.InPlace {
 		m.Wrong = 3
-		m.First = &Mismatch{Rank: 3, Index: 17, Expected: "0x3f80 (1)", Got: "0x0000 (0)"}
+		m.First = &Mismatch{Rank: 3, Index: 17, Expected: "1 (0x3f80)", Got: "0 (0x0000)"}
 	}
 	return m, nil
 }
@@ -77,7 +77,7 @@ func TestGolden(t *testing.T) {
 		{name: "unchecked", visible: 2, args: []string{"-c", "0", "-d", "f32", "-b", "64K", "-e", "1M", "-f", "4"}},
 		{name: "wrong", visible: 1, args: []string{"-e", "8K"}, measure: wrongAt4K, code: 1},
 		{name: "wrong-json", visible: 1, args: []string{"-e", "8K", "--json"}, measure: wrongAt4K, code: 1,
-			stderr: "arsmoke: FAIL — 8 ranks, bf16, 4 sizes, 3 wrong; first: auto, 4096 B in-place, rank 3, element 17: expected 0x3f80 (1), got 0x0000 (0)\n"},
+			stderr: "arsmoke: FAIL — 8 ranks, bf16, 4 sizes, 3 wrong; first: auto, 4096 B in-place, rank 3, element 17: expected 1 (0x3f80), got 0 (0x0000)\n"},
 		{name: "both", visible: 2, args: []string{"--backend", "both", "-e", "8K"}},
 		{name: "both-all-json", visible: 4, args: []string{"--backend", "both", "-a", "all", "-b", "1K", "-e", "2K", "--json"}},
 		{name: "nccl", visible: 2, args: []string{"--backend", "nccl", "-d", "f16", "-b", "1K", "-e", "64K", "-f", "8"}},
@@ -261,8 +261,8 @@ func TestVerdict(t *testing.T) {
 			line: "arsmoke: DONE — 8 ranks, bf16, 14 sizes, results not checked (-c 0)"},
 		{name: "wrong", edit: func(r *report) {
 			r.Blocks[0].Rows = []row{{OutOfPlace: result{Wrong: 2}, InPlace: result{Wrong: 5}}}
-			r.First = &located{Algo: "push", Bytes: 2048, Mismatch: Mismatch{Rank: 1, Index: 9, Expected: "0x4000 (2)", Got: "0x8000 (-0)"}}
-		}, line: "arsmoke: FAIL — 8 ranks, bf16, 14 sizes, 7 wrong; first: push, 2048 B out-of-place, rank 1, element 9: expected 0x4000 (2), got 0x8000 (-0)"},
+			r.First = &located{Algo: "push", Bytes: 2048, Mismatch: Mismatch{Rank: 1, Index: 9, Expected: "2 (0x4000)", Got: "-0 (0x8000)"}}
+		}, line: "arsmoke: FAIL — 8 ranks, bf16, 14 sizes, 7 wrong; first: push, 2048 B out-of-place, rank 1, element 9: expected 2 (0x4000), got -0 (0x8000)"},
 		{name: "error", err: errors.New("auto, 1024 B out-of-place: timeout"),
 			line: "arsmoke: FAIL — 8 ranks, bf16, 14 sizes: auto, 1024 B out-of-place: timeout"},
 		{name: "no ranks yet", edit: func(r *report) { r.Ranks = 0 }, err: errors.New("find GPUs: no GPU"),

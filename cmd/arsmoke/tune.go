@@ -855,7 +855,16 @@ func runTune(ctx context.Context, c config, proc *procInfo, stdout, stderr io.Wr
 		results = append(results, res)
 	}
 	if proc != nil && proc.Rank != 0 {
+		// Rank 0 writes the table, perhaps waiting for its lock behind another --tune run:
+		// wait for it, so that the parent, once this process has ended, does not give rank 0
+		// no more than --timeout to follow and stop it halfway.
+		if _, err := group.end(ctx, ""); err != nil {
+			return fail("%v", err)
+		}
 		return exitPass
+	}
+	if group != nil {
+		defer group.end(ctx, "")
 	}
 	path := c.tune.output
 	if path == "" {

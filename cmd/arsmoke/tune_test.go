@@ -511,7 +511,7 @@ func TestRunTuneDefaultPath(t *testing.T) {
 func TestRunTuneFails(t *testing.T) {
 	useFakeTuner(t, 1, func(tc tuneCase) error {
 		if tc.Algo == collective.TwoShot && tc.Bytes == 4<<10 {
-			return errors.New("3 wrong elements; first: rank 1, element 7: expected 0x3f80 (1), got 0xffff (NaN)")
+			return errors.New("3 wrong elements; first: rank 1, element 7: expected 1 (0x3f80), got NaN (0xffff)")
 		}
 		return nil
 	})
