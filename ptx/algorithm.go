@@ -44,7 +44,8 @@ func (a Algorithm) String() string {
 
 func (a Algorithm) valid() bool { return a >= OneShot && a <= Push }
 
-// ParseAlgorithm turns a name of String (any case) into an Algorithm.
+// ParseAlgorithm turns the name of one of Algorithms, the plain kernels' (any case), into an
+// Algorithm; Columns, a fused kernel's alone, is refused.
 func ParseAlgorithm(s string) (Algorithm, error) {
 	for _, a := range Algorithms {
 		if strings.EqualFold(s, a.String()) {

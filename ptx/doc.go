@@ -19,7 +19,8 @@
 // shared pieces:
 //
 //	header, entry   .version 7.8 / .target / .address_size, and the .entry
-//	                signature (the same thirteen parameters, Params, for every kernel)
+//	                signature (the same thirteen parameters, Params, for every plain
+//	                kernel; FusedParams and FusedPushParams for the fused ones)
 //	registers,      the registers every piece may use, the grid-stride mapping,
 //	prologue        griddepcontrol.wait on sm_90, "timeout 0 = forever", the
 //	                index of a partial last vector (%lastvec)
@@ -97,7 +98,7 @@
 // # Validation
 //
 // The tests assemble every variant (3 algorithms x 3 element types x world
-// sizes 2..16 x 2 targets x 2 barrier scopes) with ptxas from GOCCL_PTXAS
+// sizes 2..16 x 2 targets x 3 barrier scopes) with ptxas from GOCCL_PTXAS
 // (scripts/fetch-tools.sh fetches it) and fail on register spills or a stack
 // frame, and check every generated .entry signature against Params. They also
 // read the text: the memory order of every flag, the tail store (interpreted

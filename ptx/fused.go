@@ -189,12 +189,12 @@ func ColumnsTmpBytes(worldSize, rows, rowVectors int) int64 {
 
 // FusedSpec names a fused all-reduce + residual add + RMSNorm kernel: OneShot (every rank
 // reduces and norms every row), TwoShot (each rank its band of rows, then an all-gather of
-// the finished rows) or Push (every rank sends its rows into every rank's push receive
-// buffer, then reduces and norms every row, without a barrier), for one element type, world
-// size, target and barrier scope. Push has no barrier: its kernel is the same in every scope
+// the finished rows), Columns (each rank a band of every row's columns) or Push (every rank
+// sends its rows into every rank's push receive buffer, then reduces and norms every row,
+// without a barrier), for one element type, world size, target and barrier scope. Push has no barrier: its kernel is the same in every scope
 // (only the name differs), and collective loads the ScopeSystem one.
 type FusedSpec struct {
-	Algo      Algorithm // OneShot, TwoShot or Push
+	Algo      Algorithm // OneShot, TwoShot, Columns or Push
 	DType     dtype.DType
 	WorldSize int
 	Target    Target

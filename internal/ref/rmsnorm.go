@@ -66,8 +66,9 @@ func (f Fused) Run(inputs [][]byte, residual, gamma []byte) (residOut, normOut [
 		return nil, nil, fmt.Errorf("ref: fused all-reduce: unknown algorithm %d: use FusedOneShot, FusedTwoShot or FusedPush", f.Algo)
 	case f.Hidden <= 0 || rowBytes%VectorBytes != 0:
 		return nil, nil, fmt.Errorf("ref: fused all-reduce: hidden size %d is not a positive number of 16-byte vectors of %v", f.Hidden, f.DType)
-	case f.Threads <= 0 || f.Threads%32 != 0:
-		return nil, nil, fmt.Errorf("ref: fused all-reduce: %d threads per block: pass a positive multiple of 32 (ptx.FusedThreads)", f.Threads)
+	case f.Threads <= 0 || f.Threads%32 != 0 || f.Threads > 1024:
+		// A block holds at most 1024 threads: the block sum has room for its 32 warps.
+		return nil, nil, fmt.Errorf("ref: fused all-reduce: %d threads per block: pass a multiple of 32 from 32 to 1024 (ptx.FusedThreads)", f.Threads)
 	case len(inputs[0])%rowBytes != 0:
 		return nil, nil, fmt.Errorf("ref: fused all-reduce: %d bytes is not a whole number of rows of %d bytes", len(inputs[0]), rowBytes)
 	case len(residual) != len(inputs[0]):

@@ -182,6 +182,8 @@ func TestFusedErrors(t *testing.T) {
 		"algo":    {DType: dtype.BFloat16, Hidden: 16, Threads: 32},
 		"hidden":  {DType: dtype.BFloat16, Algo: FusedOneShot, Hidden: 12, Threads: 32},
 		"threads": {DType: dtype.BFloat16, Algo: FusedOneShot, Hidden: 16, Threads: 48},
+		// more warps than a block holds, and than the block sum has room for
+		"threads past a block": {DType: dtype.BFloat16, Algo: FusedOneShot, Hidden: 16, Threads: 1056},
 	} {
 		_, _, err := f.Run(in, make([]byte, 64), make([]byte, 32))
 		assert.Error(t, err, name)
