@@ -133,9 +133,11 @@ func newComm(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Opt
 	if err != nil {
 		return nil, err
 	}
-	size := boot.Size()
-	if size < 1 {
-		return nil, invalid("world size %d", size)
+	size, rank := boot.Size(), boot.Rank()
+	if size < 1 || rank < 0 || rank >= size {
+		// A Bootstrap of the caller's own that breaks its contract: every rank's facts are
+		// indexed by rank.
+		return nil, invalid("the bootstrap says rank %d of %d ranks: a Bootstrap's Rank is in [0, Size)", rank, size)
 	}
 	t := time.Now()
 	if err := driver.Init(); err != nil {
@@ -143,9 +145,9 @@ func newComm(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Opt
 	}
 	dev, err := driver.GetDevice(device)
 	if err != nil {
-		return nil, fmt.Errorf("collective: rank %d: device %d: %w", boot.Rank(), device, err)
+		return nil, fmt.Errorf("collective: rank %d: device %d: %w", rank, device, err)
 	}
-	c = &Comm{rank: boot.Rank(), size: size, dev: dev, boot: boot, opts: opts,
+	c = &Comm{rank: rank, size: size, dev: dev, boot: boot, opts: opts,
 		registered: map[driver.DevicePtr]*Registration{}, graphs: map[*Graph]struct{}{},
 		opened: map[ipcKey]*openedBuffer{}, noCustom: noCustom,
 		startupAt: start.at, startup: StartupProfile{Steps: slices.Clone(start.steps), JITWorkers: cap(modules.slots)}}
