@@ -304,9 +304,9 @@ func (c *Comm) route(algo Algorithm, nbytes int64, direct, inPlace bool) (Algori
 	}
 	switch {
 	case !c.custom:
-		return 0, invalid("goccl's kernels cannot serve this communicator (%s), and NCCL is not available: %s", c.noCustomWhy, c.ncclWhy)
+		return 0, invalid("goccl's kernels cannot serve this communicator (%s): %s", c.noCustomWhy, c.ncclAlternative())
 	case nbytes > c.opts.MaxBytes:
-		return 0, invalid("%d bytes is more than MaxBytes (%d): raise Options.MaxBytes, or make libnccl available so that NCCL takes it (%s)", nbytes, c.opts.MaxBytes, c.ncclWhy)
+		return 0, invalid("%d bytes is more than MaxBytes (%d): raise Options.MaxBytes, or %s", nbytes, c.opts.MaxBytes, c.ncclAlternative())
 	case algo == Push && nbytes > c.opts.PushMaxBytes:
 		// The kernel writes nbytes into every peer's receive slot.
 		return 0, invalid("%d bytes is more than PushMaxBytes (%d) for the Push algorithm", nbytes, c.opts.PushMaxBytes)

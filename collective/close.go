@@ -197,6 +197,12 @@ func (c *Comm) release() error {
 	if c.work.ctx != nil {
 		errs = append(errs, c.work.close())
 	}
+	for dt, key := range c.heldNorms {
+		if key.entry != "" {
+			releaseModule(key)
+			c.heldNorms[dt] = moduleKey{}
+		}
+	}
 	if c.kernels != nil {
 		errs = append(errs, c.kernels.release())
 	}

@@ -30,11 +30,15 @@ type Comm struct {
 	ctx        *driver.Context
 	boot       bootstrap.Bootstrap
 	opts       Options
-	major      int // compute capability of this rank's GPU
-	kernels    *kernelSet
-	scope      ptx.Scope // of the release/acquire barriers: ScopeGPU when every rank is on this GPU
-	pdl        bool      // launch with programmatic dependent launch
-	earlyRoom  int       // the largest grid that may trigger its dependents early (ptx.EarlyTriggerRoom)
+	major      int // compute capability of this rank's GPU (with custom kernels, the lowest of the ranks')
+	minor      int // its minor part, this rank's GPU's
+	// heldNorms are the residual add + RMSNorm kernels, by element type, that a communicator
+	// NCCL alone serves (it has no kernel set) holds through UnloadKernels (holdModule).
+	heldNorms [4]moduleKey
+	kernels   *kernelSet
+	scope     ptx.Scope // of the release/acquire barriers: ScopeGPU when every rank is on this GPU
+	pdl       bool      // launch with programmatic dependent launch
+	earlyRoom int       // the largest grid that may trigger its dependents early (ptx.EarlyTriggerRoom)
 	// earlyAnyGrid lets the kernels that trigger early only after their entry barrier do it at
 	// any grid size (ptx.EarlyTriggerAnyGrid); always set, cleared by benchmarks that measure
 	// the room rule alone
@@ -81,7 +85,7 @@ type Comm struct {
 
 	// The engines: custom kernels (custom), and NCCL where nccl is not nil.
 	custom      bool
-	noCustom    bool   // NewGroup found the GPUs not eligible: NCCL alone serves them
+	notEligible string // why NewGroup found the GPUs not eligible ("" if it did not): NCCL alone serves them
 	noCustomWhy string // why the custom kernels cannot serve this communicator
 	nccl        *ncclEngine
 	ncclWhy     string // why there is no NCCL communicator
@@ -112,12 +116,13 @@ type ipcKey struct {
 // every call they cannot: past MaxBytes, GPUs that are not eligible, several hosts, one rank
 // or more than 16.
 func New(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Options) (*Comm, error) {
-	return newComm(ctx, device, boot, opts, false, startupStart{at: time.Now()})
+	return newComm(ctx, device, boot, opts, "", startupStart{at: time.Now()})
 }
 
-// newComm is New; noCustom says that the GPUs are not eligible for the custom kernels, start
+// newComm is New; notEligible says why the GPUs are not eligible for the custom kernels ("" if
+// they are), start
 // when New began (and what NewGroup did before).
-func newComm(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Options, noCustom bool, start startupStart) (c *Comm, err error) {
+func newComm(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Options, notEligible string, start startupStart) (c *Comm, err error) {
 	if boot == nil {
 		return nil, invalid("nil bootstrap")
 	}
@@ -149,7 +154,7 @@ func newComm(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Opt
 	}
 	c = &Comm{rank: rank, size: size, dev: dev, boot: boot, opts: opts,
 		registered: map[driver.DevicePtr]*Registration{}, graphs: map[*Graph]struct{}{},
-		opened: map[ipcKey]*openedBuffer{}, noCustom: noCustom,
+		opened: map[ipcKey]*openedBuffer{}, notEligible: notEligible,
 		startupAt: start.at, startup: StartupProfile{Steps: slices.Clone(start.steps), JITWorkers: cap(modules.slots)}}
 	t = c.step(StartupDriver, t)
 	defer func() {
@@ -188,13 +193,13 @@ func newComm(ctx context.Context, device int, boot bootstrap.Bootstrap, opts Opt
 // ErrNotEligible.
 func NewGroup(ctx context.Context, devices []int, opts Options) ([]*Comm, error) {
 	start := startupStart{at: time.Now()}
-	noCustom := false
+	notEligible := ""
 	if err := checkTopology(ctx, devices, opts); err != nil {
 		if !errors.Is(err, ErrNotEligible) || opts.NCCL == NCCLOff {
 			return nil, err
 		}
 		// NCCL alone serves these GPUs, if it can (init fails otherwise, naming both reasons).
-		noCustom = true
+		notEligible = err.Error()
 	}
 	boots, err := bootstrap.NewInProcess(len(devices))
 	if err != nil {
@@ -208,7 +213,7 @@ func NewGroup(ctx context.Context, devices []int, opts Options) ([]*Comm, error)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			comms[r], errs[r] = newComm(ctx, dev, boots[r], opts, noCustom, start)
+			comms[r], errs[r] = newComm(ctx, dev, boots[r], opts, notEligible, start)
 			if errs[r] != nil {
 				// Unblock the ranks still waiting for this one.
 				boots[r].Close()
@@ -252,7 +257,7 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 	if err != nil {
 		return err
 	}
-	c.major = major
+	c.major, c.minor = major, minor
 	sms, err := c.dev.SMCount()
 	if err != nil {
 		return err
@@ -266,7 +271,7 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 		Blocks: int64(c.opts.Blocks), PushBlocks: int64(c.opts.PushBlocks), ThreadsPerBlock: int64(c.opts.ThreadsPerBlock), MaxBytes: c.opts.MaxBytes,
 		PushMaxBytes: c.opts.PushMaxBytes, Algorithm: int64(c.opts.Algorithm), SystemScope: boolInt(c.opts.SystemScope), FlagBarriers: boolInt(c.opts.FlagBarriers),
 		NCCL: int64(c.opts.NCCL)}}
-	if c.size >= 2 && c.size <= ptx.MaxRanks && !c.noCustom {
+	if c.size >= 2 && c.size <= ptx.MaxRanks && c.notEligible == "" {
 		mine.Custom = 1 // this rank could run the custom kernels
 	}
 	t = c.step(StartupDevice, t)
@@ -282,6 +287,10 @@ func (c *Comm) init(ctx context.Context, ordinal int) error {
 		return err
 	}
 	c.custom, c.noCustomWhy = customEligible(infos)
+	if !c.custom && c.notEligible != "" {
+		// NewGroup's check of the GPUs says why, naming the pair.
+		c.noCustomWhy = c.notEligible
+	}
 	atomics := false
 	if c.custom {
 		// Every rank takes part in the topology check, or none does: the facts are the same.

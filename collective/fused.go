@@ -348,12 +348,18 @@ func (c *Comm) ncclNormKernel(dt DType) (*driver.Function, error) {
 	if c.kernels != nil {
 		return c.normKernel(dt)
 	}
-	target, err := ptx.TargetFor(c.major, 0)
+	target, err := ptx.TargetFor(c.major, c.minor)
 	if err != nil {
 		return nil, fmt.Errorf("collective: rank %d: the residual add + RMSNorm after NCCL's all-reduce: %w", c.rank, err)
 	}
 	spec := ptx.NormSpec{DType: dt, Target: target}
-	m, _, err := modules.get(moduleKey{dev: c.dev, target: target, entry: spec.EntryName()}, spec.Generate)
+	key := moduleKey{dev: c.dev, target: target, entry: spec.EntryName()}
+	if c.heldNorms[dt] != key {
+		// Held before it is loaded: from here on UnloadKernels keeps it, until Close.
+		holdModule(key)
+		c.heldNorms[dt] = key
+	}
+	m, _, err := modules.get(key, spec.Generate)
 	if err != nil {
 		return nil, c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
 	}

@@ -86,7 +86,28 @@ type kernelKey struct {
 var kernelCache = struct {
 	mu   sync.Mutex
 	sets map[kernelKey]*kernelSet
-}{sets: map[kernelKey]*kernelSet{}}
+	// held counts, per module, the open communicators without a kernel set (NCCL alone
+	// serves them) that launch it: their residual add + RMSNorm kernel, which UnloadKernels
+	// must keep as it keeps the sets' modules.
+	held map[moduleKey]int
+}{sets: map[kernelKey]*kernelSet{}, held: map[moduleKey]int{}}
+
+// holdModule keeps key's module through UnloadKernels until releaseModule: for a
+// communicator that launches it without a kernel set.
+func holdModule(key moduleKey) {
+	kernelCache.mu.Lock()
+	defer kernelCache.mu.Unlock()
+	kernelCache.held[key]++
+}
+
+// releaseModule gives back a holdModule.
+func releaseModule(key moduleKey) {
+	kernelCache.mu.Lock()
+	defer kernelCache.mu.Unlock()
+	if kernelCache.held[key]--; kernelCache.held[key] <= 0 {
+		delete(kernelCache.held, key)
+	}
+}
 
 // planKernels lists the plain kernels of a set, in load order: for each algorithm and
 // element type, the spec of key's scope; push's is the system-scope spec, the same kernel in
@@ -234,9 +255,7 @@ func (ks *kernelSet) fusedKernel(scope ptx.Scope, algo ptx.Algorithm, dt dtype.D
 // keeps every kernel it JIT-compiled loaded until the process exits, so that a later New
 // (NewGroup) of the same shape compiles nothing; a program that is done with goccl calls
 // UnloadKernels to free their device memory, or to make the next New compile afresh (to
-// measure it, say). Communicators still open keep theirs, except the residual add + RMSNorm
-// kernel of a communicator that NCCL alone serves (it has no kernel set): its next fused call
-// loads it again, but a graph captured with it must not be launched after UnloadKernels.
+// measure it, say). Communicators still open keep theirs.
 //
 // CUDA graphs captured from a closed communicator (Comm.Capture, or the caller's own capture)
 // launch kernels of these modules: they must not be launched after UnloadKernels. A program
@@ -256,6 +275,9 @@ func unloadKernels(mc *moduleCache) error {
 	kernelCache.mu.Lock()
 	defer kernelCache.mu.Unlock()
 	keep := map[moduleKey]bool{}
+	for key := range kernelCache.held {
+		keep[key] = true
+	}
 	for key, ks := range kernelCache.sets {
 		switch {
 		case ks.mc != mc:

@@ -418,6 +418,11 @@ func TestRoute(t *testing.T) {
 	assert.Equal(t, NCCL, algo)
 	_, err = ncclOnly.route(OneShot, 64, false, false)
 	assert.ErrorContains(t, err, "another host")
+	assert.ErrorContains(t, err, "use Auto or NCCL", "NCCL is there: the way out is NCCL, not installing it")
+
+	_, err = both.route(OneShot, 1<<20+16, false, false)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	assert.ErrorContains(t, err, "more than MaxBytes (1048576): raise Options.MaxBytes, or use Auto or NCCL, which takes it")
 }
 
 func TestParseAlgorithm(t *testing.T) {

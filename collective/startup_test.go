@@ -416,3 +416,34 @@ func TestDumpStartupPTX(t *testing.T) {
 		}
 	}
 }
+
+// TestUnloadKeepsHeldNormKernel: a communicator that NCCL alone serves has no kernel set, and
+// launches the residual add + RMSNorm kernel straight from the module cache: UnloadKernels
+// keeps that kernel while the communicator is open (from the moment it took it, before its
+// launch), and unloads it once the communicator is closed.
+func TestUnloadKeepsHeldNormKernel(t *testing.T) {
+	f := newFakeJIT(time.Millisecond)
+	saved := modules
+	modules = *f.cache(2)
+	defer func() { modules = saved }()
+	entries := func() int {
+		modules.mu.Lock()
+		defer modules.mu.Unlock()
+		return len(modules.entries)
+	}
+
+	c := &Comm{rank: 0, size: 2, major: 9, dev: 905} // no kernel set: NCCL alone serves it
+	_, err := c.ncclNormKernel(dtype.BFloat16)
+	require.NoError(t, err)
+	_, err = c.ncclNormKernel(dtype.BFloat16)
+	require.NoError(t, err)
+	require.NoError(t, unloadKernels(&modules))
+	assert.Equal(t, 1, entries(), "the open communicator's norm kernel stays loaded")
+
+	require.NoError(t, c.release())
+	require.NoError(t, unloadKernels(&modules))
+	assert.Zero(t, entries(), "once the communicator is closed, UnloadKernels unloads it")
+	kernelCache.mu.Lock()
+	assert.Empty(t, kernelCache.held, "every hold was given back")
+	kernelCache.mu.Unlock()
+}
