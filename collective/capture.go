@@ -177,8 +177,11 @@ func (g *Graph) Launch(stream *driver.Stream) error {
 		err = g.exec.Launch(stream)
 	}
 	if err != nil {
+		if errors.Is(err, errQueued) {
+			_ = c.work.note(stream) // for Close to wait for; the engine has failed already
+		}
 		if failed := c.usable(); failed != nil {
-			return failed // the NCCL engine failed first: the graph was not launched
+			return failed // the NCCL engine failed: the graph was not launched, or was aborted
 		}
 		return c.fail(fmt.Errorf("collective: rank %d: launch graph: %w", c.rank, err))
 	}

@@ -32,13 +32,14 @@ type Comm struct {
 	opts       Options
 	major      int // compute capability of this rank's GPU (with custom kernels, the lowest of the ranks')
 	minor      int // its minor part, this rank's GPU's
+	kernels    *kernelSet
+	scope      ptx.Scope // of the release/acquire barriers: ScopeGPU when every rank is on this GPU
+	pdl        bool      // launch with programmatic dependent launch
+	earlyRoom  int       // the largest grid that may trigger its dependents early (ptx.EarlyTriggerRoom)
 	// heldNorms are the residual add + RMSNorm kernels, by element type, that a communicator
 	// NCCL alone serves (it has no kernel set) holds through UnloadKernels (holdModule).
-	heldNorms [4]moduleKey
-	kernels   *kernelSet
-	scope     ptx.Scope // of the release/acquire barriers: ScopeGPU when every rank is on this GPU
-	pdl       bool      // launch with programmatic dependent launch
-	earlyRoom int       // the largest grid that may trigger its dependents early (ptx.EarlyTriggerRoom)
+	heldNorms   [4]moduleKey
+	heldNormFns [4]*driver.Function // their functions, once loaded
 	// earlyAnyGrid lets the kernels that trigger early only after their entry barrier do it at
 	// any grid size (ptx.EarlyTriggerAnyGrid); always set, cleared by benchmarks that measure
 	// the room rule alone

@@ -348,6 +348,16 @@ func (c *Comm) ncclNormKernel(dt DType) (*driver.Function, error) {
 	if c.kernels != nil {
 		return c.normKernel(dt)
 	}
+	return c.heldNormKernel(&modules, dt)
+}
+
+// heldNormKernel is ncclNormKernel's kernel for a communicator without a kernel set, from mc:
+// the communicator holds its module through UnloadKernels until Close, and keeps the function,
+// so that later calls take it as it is (building its name would allocate on every call).
+func (c *Comm) heldNormKernel(mc *moduleCache, dt DType) (*driver.Function, error) {
+	if fn := c.heldNormFns[dt]; fn != nil {
+		return fn, nil
+	}
 	target, err := ptx.TargetFor(c.major, c.minor)
 	if err != nil {
 		return nil, fmt.Errorf("collective: rank %d: the residual add + RMSNorm after NCCL's all-reduce: %w", c.rank, err)
@@ -359,10 +369,11 @@ func (c *Comm) ncclNormKernel(dt DType) (*driver.Function, error) {
 		holdModule(key)
 		c.heldNorms[dt] = key
 	}
-	m, _, err := modules.get(key, spec.Generate)
+	m, _, err := mc.get(key, spec.Generate)
 	if err != nil {
 		return nil, c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
 	}
+	c.heldNormFns[dt] = m.fn
 	return m.fn, nil
 }
 

@@ -356,3 +356,32 @@ func TestDrainLimitSaturates(t *testing.T) {
 	}
 	assert.Equal(t, 7*time.Second, (&Comm{opts: Options{Timeout: time.Second}}).drainLimit())
 }
+
+// TestCloseWaitsForRecordingCapture: Close frees nothing while a Capture of another goroutine
+// is recording (its graph may hold NCCL calls, which NCCL must see destroyed before its
+// communicator); it frees everything once that Capture has ended, and within its limit says
+// that it freed nothing if the Capture does not end.
+func TestCloseWaitsForRecordingCapture(t *testing.T) {
+	c := hostComm(0, 2, nil)
+	c.capture = newCaptureState() // fn runs
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	time.Sleep(50 * time.Millisecond)
+	c.mu.Lock()
+	assert.False(t, c.released, "Close freed the communicator while a Capture was recording")
+	assert.True(t, c.closed, "the communicator takes no new work meanwhile")
+	c.capture = nil // Capture has ended
+	c.mu.Unlock()
+	require.NoError(t, <-closed)
+	assert.True(t, c.released)
+
+	stuck := hostComm(0, 2, nil)
+	stuck.capture = newCaptureState()
+	stuck.drainOverride = 100 * time.Millisecond
+	err := stuck.Close()
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "a Capture of another goroutine is still recording")
+	assert.False(t, stuck.released, "nothing was freed")
+	stuck.capture = nil
+	require.NoError(t, stuck.Close(), "a later Close frees everything")
+}

@@ -135,16 +135,26 @@ func (c *Comm) initNCCL(ctx context.Context, infos []rankInfo) error {
 	if c.opts.Timeout > 0 {
 		cfg.OpTimeout = c.opts.Timeout
 	}
-	comm, initErr := nccl.InitRank(ctx, id, c.size, c.rank, cfg)
-	blobs, err = c.boot.AllGather(ctx, withStatus(nil, initErr))
-	if err == nil {
-		_, err = splitStatus(blobs)
-	}
-	if err != nil {
-		if comm != nil {
-			comm.Abort()
+	// Started, then connected: the ranks agree on each. A rank whose start fails (a bind, no
+	// network interface that NCCL may use) never joins NCCL's bootstrap, and the others would
+	// wait for it to connect until ctx ends, then fail New instead of going on without NCCL.
+	comm, initErr := nccl.StartInitRank(id, c.size, c.rank, cfg)
+	for step := range 2 {
+		if step == 1 && initErr == nil {
+			if initErr = comm.WaitReady(ctx); initErr != nil {
+				initErr = fmt.Errorf("init NCCL: %w", initErr)
+			}
 		}
-		return c.noNCCL(mode, "NCCL init failed: "+err.Error())
+		blobs, err = c.boot.AllGather(ctx, withStatus(nil, initErr))
+		if err == nil {
+			_, err = splitStatus(blobs)
+		}
+		if err != nil {
+			if comm != nil {
+				comm.Abort() // after a failed init the communicator is only good for freeing
+			}
+			return c.noNCCL(mode, "NCCL init failed: "+err.Error())
+		}
 	}
 	var timeout time.Duration
 	if c.opts.Timeout > 0 {
@@ -185,6 +195,10 @@ func sharesGPUOnHost(infos []rankInfo) bool {
 	return false
 }
 
+// errQueued marks the error of an NCCL call, or of a replay, that failed after its work was
+// queued on the stream: Close must still wait for that work (the engine's abort ends it).
+var errQueued = errors.New("its work was queued, and the NCCL communicator aborted to end it")
+
 // ncclAllReduce hands one all-reduce to NCCL and lets the watchdog and Close follow it.
 func (c *Comm) ncclAllReduce(stream *driver.Stream, dst, src driver.DevicePtr, count int, dt DType) error {
 	capturing, err := stream.IsCapturing()
@@ -193,6 +207,9 @@ func (c *Comm) ncclAllReduce(stream *driver.Stream, dst, src driver.DevicePtr, c
 	}
 	// A captured call runs when the caller's graph does.
 	if err := c.nccl.allReduce(stream, dst, src, count, dt, !capturing); err != nil {
+		if errors.Is(err, errQueued) {
+			_ = c.work.note(stream) // for Close to wait for; the engine has failed already
+		}
 		if failed := c.usable(); failed != nil {
 			return failed // NCCL refused the call: the engine failed
 		}
@@ -209,7 +226,9 @@ func (c *Comm) ncclAllReduce(stream *driver.Stream, dst, src driver.DevicePtr, c
 }
 
 // allReduce queues one all-reduce on stream through NCCL and, when follow is set, lets the
-// watchdog follow it. An error of NCCL fails the engine; an error of the events does not.
+// watchdog follow it. Every error fails the engine: one of NCCL, and one of the events, which
+// leaves this rank out of step with its peers (the call not made while theirs are) or a call
+// queued that neither the watchdog nor Close follows.
 func (e *ncclEngine) allReduce(stream *driver.Stream, dst, src driver.DevicePtr, count int, dt DType, follow bool) error {
 	var start streamEvent
 	if follow {
@@ -217,6 +236,7 @@ func (e *ncclEngine) allReduce(stream *driver.Stream, dst, src driver.DevicePtr,
 		// queued ahead of it on the stream is not the call's.
 		var err error
 		if start, err = e.record(stream); err != nil {
+			e.fail(fmt.Errorf("the all-reduce was not made: %w", err))
 			return err
 		}
 	}
@@ -237,12 +257,14 @@ func (e *ncclEngine) allReduce(stream *driver.Stream, dst, src driver.DevicePtr,
 }
 
 // follow records the end of a call that began at start on stream and hands the call to the
-// watchdog, which gives it limit from when the stream reaches start.
+// watchdog, which gives it limit from when the stream reaches start. Without its end the call,
+// queued already, would run unwatched: that fails the engine, whose abort ends it.
 func (e *ncclEngine) follow(stream *driver.Stream, start streamEvent, limit time.Duration, what string) error {
 	end, err := e.record(stream)
 	if err != nil {
 		e.giveBack(start)
-		return err
+		e.fail(fmt.Errorf("%s was queued but cannot be followed: %w", what, err))
+		return fmt.Errorf("%w (%w)", err, errQueued)
 	}
 	e.mu.Lock()
 	e.pending = append(e.pending, pendingCall{start: start, end: end, limit: limit, what: what})
@@ -259,6 +281,8 @@ func (e *ncclEngine) follow(stream *driver.Stream, start streamEvent, limit time
 func (e *ncclEngine) replay(stream *driver.Stream, launch func() error, calls int, what string) error {
 	start, err := e.record(stream)
 	if err != nil {
+		// The peers replay theirs: this rank, out of step, cannot go on.
+		e.fail(fmt.Errorf("%s was not launched: %w", what, err))
 		return err
 	}
 	e.issuing.Lock()

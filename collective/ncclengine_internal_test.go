@@ -392,3 +392,53 @@ func TestNCCLEventsFollowCallsInFlight(t *testing.T) {
 	// check's timing, may add as many again.
 	assert.LessOrEqual(t, gpu.events.Load(), int32(16), "events created for 1000 calls, at most 4 in flight")
 }
+
+// failingEvents makes gpu's events, but the n-th one (from 1) fails to be made.
+func failingEvents(gpu *fakeGPU, n int32) func() (streamEvent, error) {
+	var made atomic.Int32
+	return func() (streamEvent, error) {
+		if made.Add(1) == n {
+			return nil, errors.New("cuEventCreate: CUDA_ERROR_OUT_OF_MEMORY")
+		}
+		return gpu.newEvent()
+	}
+}
+
+// TestNCCLEventFailureFailsTheEngine: an event the engine cannot make fails the engine and
+// aborts the NCCL communicator, whichever it is: the start of a call (the call is then not
+// made while the peers make theirs: this rank is out of step), the end of a call or of a
+// replay (queued, but neither the watchdog nor Close would follow it). The error of one that
+// was queued says so (errQueued), for the caller to let Close wait for its work.
+func TestNCCLEventFailureFailsTheEngine(t *testing.T) {
+	replay := func(e *ncclEngine, gpu *fakeGPU) error {
+		return e.replay(&driver.Stream{}, func() error { gpu.enqueue(); return nil }, 3, "a replay of a test graph")
+	}
+	call := func(e *ncclEngine, _ *fakeGPU) error {
+		return e.allReduce(&driver.Stream{}, 0x1000, 0x1000, 1<<20, BFloat16, true)
+	}
+	for _, tc := range []struct {
+		name   string
+		failAt int32 // the event that fails: 1 the start, 2 the end
+		do     func(*ncclEngine, *fakeGPU) error
+		queued bool
+	}{
+		{"call start", 1, call, false},
+		{"call end", 2, call, true},
+		{"replay start", 1, replay, false},
+		{"replay end", 2, replay, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gpu := &fakeGPU{stuck: 1} // the peer is gone: what was queued never ends unless aborted
+			f := &fakeNCCL{gpu: gpu}
+			e := newNCCLEngine(f, failingEvents(gpu, tc.failAt), time.Hour)
+			t.Cleanup(func() { e.close(context.Background()) })
+			err := tc.do(e, gpu)
+			require.Error(t, err)
+			assert.Equal(t, tc.queued, errors.Is(err, errQueued), "%v", err)
+			assert.Equal(t, tc.queued, gpu.queued > 0, "queued work")
+			require.ErrorIs(t, e.failure(), ErrUnusable, "the engine failed at once, not after the hour's timeout")
+			assert.ErrorContains(t, e.failure(), "CUDA_ERROR_OUT_OF_MEMORY")
+			require.True(t, eventually(5*time.Second, func() bool { return f.aborts.Load() == 1 }), "the communicator was aborted")
+		})
+	}
+}

@@ -422,26 +422,25 @@ func TestDumpStartupPTX(t *testing.T) {
 // keeps that kernel while the communicator is open (from the moment it took it, before its
 // launch), and unloads it once the communicator is closed.
 func TestUnloadKeepsHeldNormKernel(t *testing.T) {
-	f := newFakeJIT(time.Millisecond)
-	saved := modules
-	modules = *f.cache(2)
-	defer func() { modules = saved }()
+	mc := newFakeJIT(time.Millisecond).cache(2)
 	entries := func() int {
-		modules.mu.Lock()
-		defer modules.mu.Unlock()
-		return len(modules.entries)
+		mc.mu.Lock()
+		defer mc.mu.Unlock()
+		return len(mc.entries)
 	}
 
 	c := &Comm{rank: 0, size: 2, major: 9, dev: 905} // no kernel set: NCCL alone serves it
-	_, err := c.ncclNormKernel(dtype.BFloat16)
+	_, err := c.heldNormKernel(mc, dtype.BFloat16)
 	require.NoError(t, err)
-	_, err = c.ncclNormKernel(dtype.BFloat16)
+	_, err = c.heldNormKernel(mc, dtype.BFloat16)
 	require.NoError(t, err)
-	require.NoError(t, unloadKernels(&modules))
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _, _ = c.heldNormKernel(mc, dtype.BFloat16) }),
+		"every call of the NCCL route takes the kernel: after the first, without allocating")
+	require.NoError(t, unloadKernels(mc))
 	assert.Equal(t, 1, entries(), "the open communicator's norm kernel stays loaded")
 
 	require.NoError(t, c.release())
-	require.NoError(t, unloadKernels(&modules))
+	require.NoError(t, unloadKernels(mc))
 	assert.Zero(t, entries(), "once the communicator is closed, UnloadKernels unloads it")
 	kernelCache.mu.Lock()
 	assert.Empty(t, kernelCache.held, "every hold was given back")
