@@ -509,6 +509,11 @@ func renderTune(b *strings.Builder, files map[string]string) (bool, error) {
 		if sub := defaultLog.FindStringSubmatch(name); sub != nil {
 			pass, _ := strconv.Atoi(sub[3])
 			runs = append(runs, run{pass, name, sub[1], sub[2]})
+			if _, table := files["tune.json"]; sub[2] == "on" && !table {
+				// goccl ignores a table file that is not there: the run is the built-in
+				// selection's, under the name of the table's.
+				return false, fmt.Errorf("%s: a run with the tuning table, but no tune.json beside it: the table was not there", files[name])
+			}
 		}
 	}
 	slices.SortFunc(runs, func(a, b run) int { return a.pass - b.pass })

@@ -55,6 +55,7 @@ func TestRender(t *testing.T) {
 		"BenchmarkAllReduceGrid/ws2/1M/oneshot/sys/blocks0-16 	 10	 1 ns/op	 3.22 us/allreduce	 1 algGB/s",
 	}, "\n"))
 	write(t, dir, "tune.log", "arsmoke: --tune: 2 ranks\n# goccl tuning: x\n\n## 2 ranks: one GPU; gpu-scope barriers\npush blocks: 32 (built-in 16); pull grid built in: 64xauto\n\ngraph: push 32xauto up to 32K, oneshot 64xauto above\n      size  tuned ...\ngain over the built-in choice: 6.2% on average (geometric)\n")
+	write(t, dir, "tune.json", "{}\n")
 	write(t, dir, "default_eager_on_p1.log", "# Avg bus bandwidth    : 84.1000\n")
 	write(t, dir, "default_eager_off_p1.log", "# Avg bus bandwidth    : 83.3000\n")
 	write(t, dir, "default_graph_on_p1.log", "# Avg bus bandwidth    : 116.4000\n")
@@ -90,7 +91,8 @@ func TestRenderRefuses(t *testing.T) {
 		},
 		"stopped run":     {"fused_ws4_p1.json": `{"goccl": "abc", "ranks": 4, "error": "peer 3 timed out"}`},
 		"not JSON":        {"fused_ws4_p1.json": "arsmoke: no GPU\n"},
-		"unfinished runs": {"default_eager_on_p1.log": "arsmoke: interrupted\n"},
+		"unfinished runs": {"default_eager_on_p1.log": "arsmoke: interrupted\n", "tune.json": "{}\n"},
+		"no table":        {"default_eager_on_p1.log": "# Avg bus bandwidth    : 84.1000\n"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -128,7 +130,9 @@ case " $* " in
 *" --fused "*) ws=$(echo "$*" | sed 's/.*--ranks \([0-9]*\).*/\1/')
   echo '{"goccl": "devel abc123", "ranks": '$ws', "fused": {"hidden": 8192, "blocks": [{"algo": "auto", "rows": [{"rows": 1, "path": "oneshot", "fused_us": 3, "unfused_us": 4, "allreduce_us": 2}]}]}}'
   echo "arsmoke: PASS" >&2 ;;
-*" --tune "*) echo "## 8 ranks: one GPU"; echo "graph: push 16xauto up to 16K, oneshot 16xauto above" ;;
+*" --tune "*) [ -z "${FAKE_TUNE_FAILS:-}" ] || { echo "arsmoke: --tune: no GPU" >&2; exit 1; }
+  echo "## 8 ranks: one GPU"; echo "graph: push 16xauto up to 16K, oneshot 16xauto above"
+  echo '{}' >"$(echo "$*" | sed 's/.* -o \([^ ]*\).*/\1/')" ;;
 *" --json "*) echo '{"goccl": "devel abc123"}' ;;
 *) if [ -n "${GOCCL_TUNE_FILE:-}" ]; then echo "# Avg bus bandwidth    : 84.1000"; else echo "# Avg bus bandwidth    : 83.3000"; fi ;;
 esac
@@ -173,4 +177,37 @@ esac
 	assert.Contains(t, got, "| 8 | 3.57 | 16K |  |  |  / 5.94 |  |  | 5.94 | 5.84 (3.57) | 1.02 |")
 	assert.Contains(t, got, "graph: push 16xauto up to 16K")
 	assert.Contains(t, got, "| eager | 84.1, 84.1 | 83.3, 83.3 |")
+
+	goals := func(env []string, parts ...string) (string, int) {
+		cmd := exec.Command("bash", append([]string{filepath.Join(bundle, "goals.sh")}, parts...)...)
+		cmd.Env = append(append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH")), env...)
+		log, _ := cmd.CombinedOutput()
+		return string(log), cmd.ProcessState.ExitCode()
+	}
+	// A tuning step that fails leaves no table: the runs "with the table" are left out, not
+	// run with a file goccl would ignore.
+	failed := filepath.Join(out, "tune-failed")
+	log, code := goals([]string{"OUT=" + failed, "PASSES=1", "FAKE_TUNE_FAILS=1"}, "tune")
+	assert.Equal(t, 1, code, log)
+	assert.Contains(t, log, "no tuning table from this run")
+	assert.NoFileExists(t, filepath.Join(failed, "default_eager_on_p1.log"))
+	stdout.Reset()
+	require.Equal(t, 0, run([]string{failed}, &stdout, &stderr), stderr.String())
+	assert.Contains(t, stdout.String(), "| eager |  | 83.3 |")
+
+	// Bad parts and passes are refused before anything runs.
+	for _, tc := range []struct {
+		env   []string
+		parts []string
+		want  string
+	}{
+		{nil, []string{"tune", "tuen"}, "goals: unknown part tuen"},
+		{[]string{"PASSES=abc"}, []string{"fused"}, "goals: PASSES=abc: want a number of passes"},
+	} {
+		dir := filepath.Join(out, "refused")
+		log, code := goals(append(tc.env, "OUT="+dir), tc.parts...)
+		assert.Equal(t, 2, code, log)
+		assert.Contains(t, log, tc.want)
+		assert.NoDirExists(t, dir, "nothing ran")
+	}
 }
