@@ -74,6 +74,32 @@ type engineRank struct {
 	in, out    driver.DevicePtr
 	start, end *driver.Event     // timing on the rank's own stream
 	graph      *collective.Graph // timeRanks' capture, closed when it returns
+	// regs are in's and out's registrations with goccl: released before the buffers are
+	// freed, as collective asks.
+	regs []*collective.Registration
+}
+
+// register registers the rank's input and output (n bytes each) with its kernels'
+// communicator, in that order on every rank (Register is a collective call).
+func (r *engineRank) register(ctx context.Context, n uint64) error {
+	for _, p := range []driver.DevicePtr{r.in, r.out} {
+		reg, err := r.goccl.Register(ctx, p, n)
+		if err != nil {
+			return err
+		}
+		r.regs = append(r.regs, reg)
+	}
+	return nil
+}
+
+// releaseRegs releases the rank's registrations.
+func (r *engineRank) releaseRegs() error {
+	var errs []error
+	for _, reg := range r.regs {
+		errs = append(errs, reg.Release())
+	}
+	r.regs = nil
+	return errors.Join(errs...)
 }
 
 // comm returns the rank's communicator of backend.
@@ -152,11 +178,7 @@ func newGPUEngine(ctx context.Context, cfg engineConfig) (_ *gpuEngine, err erro
 		rctx, cancel := context.WithTimeout(ctx, cfg.Timeout+30*time.Second)
 		defer cancel()
 		if err := e.parallel(func(r *engineRank) error {
-			if _, err := r.goccl.Register(rctx, r.in, uint64(cfg.MaxBytes)); err != nil {
-				return err
-			}
-			_, err := r.goccl.Register(rctx, r.out, uint64(cfg.MaxBytes))
-			return err
+			return r.register(rctx, uint64(cfg.MaxBytes))
 		}); err != nil {
 			return nil, fmt.Errorf("register the input and output buffers: %w", err)
 		}
@@ -289,6 +311,13 @@ func (e *gpuEngine) Run(ctx context.Context, c Case) (Measurement, error) {
 		}
 	}
 	if c.Graph {
+		if c.Check && !c.InPlace {
+			// The replays are checked too: an output the eager call left correct would pass
+			// for elements the graph's kernels never write.
+			if err := e.poison(c); err != nil {
+				return m, err
+			}
+		}
 		m.Time, err = e.timeGraph(ctx, algo, c, count)
 	} else {
 		m.Time, err = e.timeEager(ctx, algo, c, count)
@@ -332,19 +361,27 @@ func (e *gpuEngine) fill(c Case) ([][]byte, error) {
 	}
 	wg.Wait()
 	for i, r := range e.ranks {
-		ctx := r.context()
-		if err := ctx.CopyHtoD(r.in, inputs[e.first+i]); err != nil {
+		if err := r.context().CopyHtoD(r.in, inputs[e.first+i]); err != nil {
 			return nil, err
 		}
-		if !c.InPlace {
-			// All-ones bits are a NaN in every dtype: an element the kernel did not write
-			// cannot pass.
-			if err := ctx.MemsetD8(r.out, 0xFF, uint64(c.Bytes)); err != nil {
-				return nil, err
-			}
+	}
+	if !c.InPlace {
+		if err := e.poison(c); err != nil {
+			return nil, err
 		}
 	}
 	return inputs, nil
+}
+
+// poison fills every rank's output with all-ones bits, a NaN in every dtype, so that an
+// element no kernel wrote cannot pass the check.
+func (e *gpuEngine) poison(c Case) error {
+	for _, r := range e.ranks {
+		if err := r.context().MemsetD8(r.out, 0xFF, uint64(c.Bytes)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // compare reads every rank's output back and counts the elements that are wrong: for
@@ -600,6 +637,7 @@ func (e *gpuEngine) Close() error {
 			continue // a rank whose communicators were never made has nothing else
 		}
 		c := r.context()
+		errs = append(errs, r.releaseRegs())
 		for _, ev := range []*driver.Event{r.start, r.end} {
 			if ev != nil {
 				errs = append(errs, ev.Close())

@@ -135,11 +135,7 @@ func (t *gpuTuner) Open(ctx context.Context, g tuneGrid) (err error) {
 	rctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout+30*time.Second)
 	defer cancel()
 	return reg.parallel(func(r *engineRank) error {
-		if _, err := r.goccl.Register(rctx, r.in, n); err != nil {
-			return err
-		}
-		_, err := r.goccl.Register(rctx, r.out, n)
-		return err
+		return r.register(rctx, n)
 	})
 }
 
