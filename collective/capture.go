@@ -170,6 +170,11 @@ func (g *Graph) Launch(stream *driver.Stream) error {
 	if err := c.usable(); err != nil {
 		return err
 	}
+	// Refused before anything is recorded on it: a replay the NCCL engine could not follow
+	// would fail the engine.
+	if err := c.checkStream(stream); err != nil {
+		return err
+	}
 	var err error
 	if g.ncclCalls > 0 && c.nccl != nil {
 		err = c.nccl.replay(stream, func() error { return g.exec.Launch(stream) }, g.calls, g.what)
@@ -307,7 +312,7 @@ func (c *Comm) Capture(ctx context.Context, stream *driver.Stream, fn func() err
 		if !c.released {
 			c.table.unreserve(cs.slots...)
 		}
-		return nil, fmt.Errorf("collective: rank %d: capture: %w", c.rank, errors.Join(ErrClosed, captureErr))
+		return nil, fmt.Errorf("collective: rank %d: capture: %w", c.rank, errors.Join(ErrClosed, captureErr, c.releaseAfterCapture()))
 	}
 	// A failed capture still takes part in the exchange, with its failure: the peers then
 	// fail at once instead of waiting for this rank until ctx ends.
@@ -363,6 +368,7 @@ func (c *Comm) record(stream *driver.Stream, cs *captureState, fn func() error) 
 			// Never written: the slots are filled only after the exchange.
 			c.table.unreserve(cs.slots...)
 		}
+		_ = c.releaseAfterCapture() // a Close that came meanwhile; the panic goes on
 	}()
 	err = fn()
 	returned = true

@@ -115,9 +115,10 @@ func (c *Comm) drainBy(deadline time.Time) error {
 // error; calling Close again waits again and frees everything once the work is done. After a
 // Close that returned nil, Close returns nil.
 //
-// A Capture of another goroutine that is recording (its fn runs) ends first: Close waits for
-// it, within the same limit, since its graph may hold NCCL calls, and NCCL frees its
-// communicator only once the graphs that use it are gone.
+// While a Capture is recording (its fn runs, in another goroutine, or fn calls Close), Close
+// frees nothing and returns: that Capture frees everything once fn has returned and its graph
+// is destroyed, since the graph may hold NCCL calls, and NCCL destroys a communicator only
+// once the graphs that use it are gone.
 //
 // Close first closes the bootstrap, so that a Register or Capture of this rank waiting for its
 // peers fails at once (with the bootstrap's error) instead of holding Close up until its ctx
@@ -149,11 +150,13 @@ func (c *Comm) Close() error {
 	if drainErr != nil && !errors.Is(drainErr, driver.ErrContextLost) {
 		return errors.Join(fmt.Errorf("collective: close rank %d: %w", c.rank, drainErr), bootErr)
 	}
-	if err := c.waitCaptureLocked(deadline); err != nil {
-		return errors.Join(fmt.Errorf("collective: close rank %d: %w", c.rank, err), bootErr)
-	}
-	if c.released {
-		return nil // another Close freed everything while this one let the lock go
+	if c.capture != nil {
+		// A Capture is recording: its fn runs, in another goroutine or calling this Close. Its
+		// graph may hold NCCL calls, and NCCL destroys a communicator only once the graphs
+		// that use it are gone: the Capture frees everything once fn has returned and its
+		// graph is destroyed (releaseAfterCapture). fn's calls fail with ErrClosed from now on.
+		c.closeAfterCapture = true
+		return bootErr
 	}
 	// A lost context runs nothing any more: release what can be released. What failed before
 	// Close stays what Err reports after it: read it while the error record and the NCCL
@@ -166,20 +169,16 @@ func (c *Comm) Close() error {
 	return errors.Join(bootErr, c.release())
 }
 
-// waitCaptureLocked waits, with c.mu held but let go meanwhile, until no Capture of another
-// goroutine is recording, or deadline. Its graph may hold NCCL calls, and NCCL frees its
-// communicator only once every graph that uses it is gone, which Capture does once fn returns
-// (fn's calls fail with ErrClosed from now on).
-func (c *Comm) waitCaptureLocked(deadline time.Time) error {
-	for c.capture != nil {
-		if !time.Now().Before(deadline) {
-			return fmt.Errorf("a Capture of another goroutine is still recording after %v; nothing was freed (call Close again once it has returned)", c.drainLimit())
-		}
-		c.mu.Unlock()
-		time.Sleep(time.Millisecond)
-		c.mu.Lock()
+// releaseAfterCapture is the end of a Close that came while a Capture was recording: the
+// Capture calls it, with c.mu held, once fn has returned and its graph is destroyed.
+func (c *Comm) releaseAfterCapture() error {
+	if !c.closeAfterCapture || c.released {
+		return nil
 	}
-	return nil
+	c.closeAfterCapture = false
+	c.latchFailure()
+	c.released = true
+	return c.release()
 }
 
 // release frees in reverse order of init; it tolerates a partly built Comm.

@@ -91,6 +91,10 @@ type Comm struct {
 	nccl        *ncclEngine
 	ncclWhy     string // why there is no NCCL communicator
 
+	// closeAfterCapture: Close came while a Capture was recording, which frees everything
+	// once its fn has returned (releaseAfterCapture).
+	closeAfterCapture bool
+
 	drainOverride time.Duration // tests: replaces drainLimit
 	// tests: replaces judgeTopology, rank 0's check of the ranks' GPUs
 	judgeOverride func(context.Context, []rankInfo) (bool, error)

@@ -357,31 +357,58 @@ func TestDrainLimitSaturates(t *testing.T) {
 	assert.Equal(t, 7*time.Second, (&Comm{opts: Options{Timeout: time.Second}}).drainLimit())
 }
 
-// TestCloseWaitsForRecordingCapture: Close frees nothing while a Capture of another goroutine
-// is recording (its graph may hold NCCL calls, which NCCL must see destroyed before its
-// communicator); it frees everything once that Capture has ended, and within its limit says
-// that it freed nothing if the Capture does not end.
-func TestCloseWaitsForRecordingCapture(t *testing.T) {
+// TestCloseDuringRecordingCapture: a Close while a Capture is recording (its fn runs, in another
+// goroutine or calling Close itself) frees nothing and returns at once: its graph may hold NCCL
+// calls, which NCCL must see destroyed before its communicator. The Capture frees everything
+// once fn has returned, and a later Close does nothing.
+func TestCloseDuringRecordingCapture(t *testing.T) {
 	c := hostComm(0, 2, nil)
-	c.capture = newCaptureState() // fn runs
-	closed := make(chan error, 1)
-	go func() { closed <- c.Close() }()
-	time.Sleep(50 * time.Millisecond)
-	c.mu.Lock()
+	cs := newCaptureState()
+	c.capture = cs // fn runs
+	start := time.Now()
+	require.NoError(t, c.Close())
+	assert.Less(t, time.Since(start), c.drainLimit(), "Close waited for the Capture")
+	assert.True(t, c.closed, "the communicator takes no new work")
 	assert.False(t, c.released, "Close freed the communicator while a Capture was recording")
-	assert.True(t, c.closed, "the communicator takes no new work meanwhile")
-	c.capture = nil // Capture has ended
-	c.mu.Unlock()
-	require.NoError(t, <-closed)
-	assert.True(t, c.released)
+	require.NoError(t, c.Close(), "a second Close while fn runs")
+	assert.False(t, c.released)
 
-	stuck := hostComm(0, 2, nil)
-	stuck.capture = newCaptureState()
-	stuck.drainOverride = 100 * time.Millisecond
-	err := stuck.Close()
-	require.Error(t, err)
-	assert.ErrorContains(t, err, "a Capture of another goroutine is still recording")
-	assert.False(t, stuck.released, "nothing was freed")
-	stuck.capture = nil
-	require.NoError(t, stuck.Close(), "a later Close frees everything")
+	// fn returns and Capture ends: as its closed path does, with the lock held.
+	c.mu.Lock()
+	c.capture = nil
+	require.NoError(t, c.releaseAfterCapture())
+	c.mu.Unlock()
+	assert.True(t, c.released, "the Capture freed everything")
+	require.NoError(t, c.Close())
+
+	// fn panics: record's cleanup frees it too.
+	p := hostComm(0, 2, nil)
+	p.table = &slotTable{slots: 4, next: 1}
+	pcs := newCaptureState()
+	pcs.stream = &driver.Stream{}
+	p.capture = pcs
+	assert.Panics(t, func() {
+		_, _ = p.record(pcs.stream, pcs, func() error {
+			require.NoError(t, p.Close(), "Close from fn")
+			panic("fn fails")
+		})
+	})
+	assert.True(t, p.released, "record's cleanup freed what the Close from fn left")
+	assert.Nil(t, p.capture)
+}
+
+// TestGraphLaunchRefusesBadStream: a replay on a nil or zero stream is refused before anything
+// is recorded on it, so that a graph holding NCCL calls does not fail the NCCL engine (a replay
+// it cannot follow would) over a caller's mistake.
+func TestGraphLaunchRefusesBadStream(t *testing.T) {
+	f := &fakeNCCL{}
+	c := hostComm(0, 2, nil)
+	c.nccl = newNCCLEngine(f, func() (streamEvent, error) { return nil, errors.New("no event on a bad stream") }, time.Second)
+	t.Cleanup(func() { c.nccl.close(context.Background()) })
+	g := &Graph{c: c, calls: 1, ncclCalls: 1}
+	for _, stream := range []*driver.Stream{nil, {}} {
+		assert.ErrorIs(t, g.Launch(stream), ErrInvalidArgument)
+	}
+	assert.NoError(t, c.nccl.failure(), "the NCCL engine has not failed")
+	assert.Zero(t, f.aborts.Load())
 }
