@@ -60,7 +60,9 @@
 //	              every rank and every process ends with the same verdict;
 //	              rank 0 prints them, the others' messages come prefixed
 //	              with their rank. If one fails, the others are stopped; once
-//	              one has finished, the others get --timeout to follow. With
+//	              one has finished, the others get --timeout to follow. If
+//	              arsmoke itself is killed, its processes stop within a
+//	              second, as on an interrupt. With
 //	              --backend nccl or both and the processes on one GPU, each
 //	              gets its own NCCL_HOSTID (see NCCL).
 //	--timeout d   the longest wait for a peer (bootstrap, the kernels'

@@ -82,6 +82,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if proc != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		watchParent(ctx, cancel, os.Getppid, time.Second)
+	}
 	switch {
 	case c.topo:
 		if err := showTopo(ctx, stdout); err != nil {

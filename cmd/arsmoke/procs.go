@@ -221,6 +221,29 @@ func superviseRanks(ctx context.Context, c config, args []string, stdout, stderr
 	return fail("%s", cause)
 }
 
+// watchParent cancels a --procs child's run once its parent is gone (ppid changes: the child
+// was handed to init or a subreaper), also after a SIGKILL, which leaves the parent no chance
+// to stop its ranks: the child then stops as on an interrupt, instead of holding its GPU until
+// its own timeouts end it. It checks every period until ctx ends.
+func watchParent(ctx context.Context, cancel context.CancelFunc, ppid func() int, every time.Duration) {
+	parent := ppid()
+	go func() {
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				if ppid() != parent {
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+}
+
 // newJobToken makes the secret that the ranks of one --procs run prove to each other when
 // they join (bootstrap.TokenEnv): no other process can take a rank's place or pose as rank 0.
 func newJobToken() (string, error) {

@@ -2,9 +2,11 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -276,4 +278,22 @@ func TestProcsTuneWaitsForTheTable(t *testing.T) {
 	require.Equal(t, exitPass, code, stderr)
 	assert.FileExists(t, out)
 	assert.Contains(t, stdout, "wrote "+out)
+}
+
+// TestWatchParent: a --procs child's run is cancelled once its parent is gone (its parent
+// process id changes), and not before.
+func TestWatchParent(t *testing.T) {
+	var ppid atomic.Int32
+	ppid.Store(4242)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	watchParent(ctx, cancel, func() int { return int(ppid.Load()) }, time.Millisecond)
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, ctx.Err(), "the parent is still there")
+	ppid.Store(1) // handed to init
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the run went on after its parent was gone")
+	}
 }
