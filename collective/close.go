@@ -150,6 +150,13 @@ func (c *Comm) Close() error {
 	if drainErr != nil && !errors.Is(drainErr, driver.ErrContextLost) {
 		return errors.Join(fmt.Errorf("collective: close rank %d: %w", c.rank, drainErr), bootErr)
 	}
+	// A lost context runs nothing any more: release what can be released. What failed before
+	// Close stays what Err reports after it: read it while the error record and the NCCL
+	// engine still exist (a kernel's record, which a lost context can follow, first).
+	c.latchFailure()
+	if drainErr != nil {
+		c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, drainErr))
+	}
 	if c.capture != nil {
 		// A Capture is recording: its fn runs, in another goroutine or calling this Close. Its
 		// graph may hold NCCL calls, and NCCL destroys a communicator only once the graphs
@@ -157,13 +164,6 @@ func (c *Comm) Close() error {
 		// graph is destroyed (releaseAfterCapture). fn's calls fail with ErrClosed from now on.
 		c.closeAfterCapture = true
 		return bootErr
-	}
-	// A lost context runs nothing any more: release what can be released. What failed before
-	// Close stays what Err reports after it: read it while the error record and the NCCL
-	// engine still exist (a kernel's record, which a lost context can follow, first).
-	c.latchFailure()
-	if drainErr != nil {
-		c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, drainErr))
 	}
 	c.released = true
 	return errors.Join(bootErr, c.release())

@@ -75,6 +75,8 @@ type procInfo struct {
 	// parent made for this run and removes afterwards; the socket file itself
 	// does not exist yet when the children start.
 	Socket string
+	// Parent is the --procs parent's process id (0: unknown), which the child watches.
+	Parent int
 }
 
 // Header describes where the all-reduces run.

@@ -86,7 +86,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithCancel(ctx)
 		defer cancel()
-		watchParent(ctx, cancel, os.Getppid, time.Second)
+		watchParent(ctx, cancel, os.Getppid, proc.Parent, time.Second)
 	}
 	switch {
 	case c.topo:

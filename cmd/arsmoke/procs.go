@@ -26,6 +26,9 @@ import (
 const (
 	envRank   = "ARSMOKE_RANK"
 	envSocket = "ARSMOKE_SOCKET"
+	// envParent is the parent's process id, which the child watches (watchParent): read from
+	// the environment, it is right even for a child orphaned before it could ask.
+	envParent = "ARSMOKE_PARENT"
 )
 
 // childFromEnv returns who this process is when a --procs parent started
@@ -47,7 +50,8 @@ func childFromEnv(c config) (*procInfo, error) {
 		// The bootstrap would then admit any process of this user as a rank.
 		return nil, fmt.Errorf("%s is set but %s is not: arsmoke --procs gives its ranks a job token; unset %s", envRank, bootstrap.TokenEnv, envRank)
 	}
-	return &procInfo{Rank: rank, World: c.procs, Socket: sock}, nil
+	parent, _ := strconv.Atoi(os.Getenv(envParent)) // 0 when unset: the parent when asked
+	return &procInfo{Rank: rank, World: c.procs, Socket: sock, Parent: parent}, nil
 }
 
 // exitAgreedFail is the exit code of a --procs child whose run ended with a failure every
@@ -221,12 +225,19 @@ func superviseRanks(ctx context.Context, c config, args []string, stdout, stderr
 	return fail("%s", cause)
 }
 
-// watchParent cancels a --procs child's run once its parent is gone (ppid changes: the child
-// was handed to init or a subreaper), also after a SIGKILL, which leaves the parent no chance
-// to stop its ranks: the child then stops as on an interrupt, instead of holding its GPU until
-// its own timeouts end it. It checks every period until ctx ends.
-func watchParent(ctx context.Context, cancel context.CancelFunc, ppid func() int, every time.Duration) {
-	parent := ppid()
+// watchParent cancels a --procs child's run once its parent is gone (ppid is no longer parent:
+// the child was handed to init or a subreaper), also after a SIGKILL, which leaves the parent
+// no chance to stop its ranks: the child then stops as on an interrupt, instead of holding its
+// GPU until its own timeouts end it. parent 0 takes ppid's answer now. It checks at once, then
+// every period until ctx ends.
+func watchParent(ctx context.Context, cancel context.CancelFunc, ppid func() int, parent int, every time.Duration) {
+	if parent <= 0 {
+		parent = ppid()
+	}
+	if ppid() != parent {
+		cancel()
+		return
+	}
 	go func() {
 		tick := time.NewTicker(every)
 		defer tick.Stop()
@@ -263,7 +274,8 @@ func rankEnv(env []string, rank int, sock, token string) []string {
 			out = append(out, kv)
 		}
 	}
-	return append(out, envRank+"="+strconv.Itoa(rank), envSocket+"="+sock, bootstrap.TokenEnv+"="+token)
+	return append(out, envRank+"="+strconv.Itoa(rank), envSocket+"="+sock, bootstrap.TokenEnv+"="+token,
+		envParent+"="+strconv.Itoa(os.Getpid()))
 }
 
 func ranks(set map[int]bool) string {

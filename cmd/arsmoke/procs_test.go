@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -150,6 +152,7 @@ func TestRankEnvCarriesJobToken(t *testing.T) {
 	env := rankEnv([]string{"HOME=/home/x", bootstrap.TokenEnv + "=the user's own"}, 1, "/d/bootstrap.sock", a)
 	assert.Equal(t, []string{
 		"HOME=/home/x", envRank + "=1", envSocket + "=/d/bootstrap.sock", bootstrap.TokenEnv + "=" + a,
+		envParent + "=" + strconv.Itoa(os.Getpid()),
 	}, env)
 }
 
@@ -287,7 +290,7 @@ func TestWatchParent(t *testing.T) {
 	ppid.Store(4242)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	watchParent(ctx, cancel, func() int { return int(ppid.Load()) }, time.Millisecond)
+	watchParent(ctx, cancel, func() int { return int(ppid.Load()) }, 4242, time.Millisecond)
 	time.Sleep(20 * time.Millisecond)
 	require.NoError(t, ctx.Err(), "the parent is still there")
 	ppid.Store(1) // handed to init
@@ -296,4 +299,10 @@ func TestWatchParent(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the run went on after its parent was gone")
 	}
+
+	// A child orphaned before it could ask: the parent's id from the environment tells.
+	orphan, cancelOrphan := context.WithCancel(context.Background())
+	defer cancelOrphan()
+	watchParent(orphan, cancelOrphan, func() int { return 1 }, 4242, time.Hour)
+	assert.Error(t, orphan.Err(), "an orphan's run is cancelled at once")
 }
