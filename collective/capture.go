@@ -312,7 +312,7 @@ func (c *Comm) Capture(ctx context.Context, stream *driver.Stream, fn func() err
 		if !c.released {
 			c.table.unreserve(cs.slots...)
 		}
-		return nil, fmt.Errorf("collective: rank %d: capture: %w", c.rank, errors.Join(ErrClosed, captureErr, c.releaseAfterCapture()))
+		return nil, fmt.Errorf("collective: rank %d: capture: %w", c.rank, errors.Join(ErrClosed, captureErr, c.releasePendingNow()))
 	}
 	// A failed capture still takes part in the exchange, with its failure: the peers then
 	// fail at once instead of waiting for this rank until ctx ends.
@@ -368,7 +368,7 @@ func (c *Comm) record(stream *driver.Stream, cs *captureState, fn func() error) 
 			// Never written: the slots are filled only after the exchange.
 			c.table.unreserve(cs.slots...)
 		}
-		_ = c.releaseAfterCapture() // a Close that came meanwhile; the panic goes on
+		_ = c.releasePendingNow() // a Close that came meanwhile; the panic goes on
 	}()
 	err = fn()
 	returned = true

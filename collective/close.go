@@ -157,26 +157,26 @@ func (c *Comm) Close() error {
 	if drainErr != nil {
 		c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, drainErr))
 	}
+	c.releasePending = true
 	if c.capture != nil {
 		// A Capture is recording: its fn runs, in another goroutine or calling this Close. Its
 		// graph may hold NCCL calls, and NCCL destroys a communicator only once the graphs
 		// that use it are gone: the Capture frees everything once fn has returned and its
-		// graph is destroyed (releaseAfterCapture). fn's calls fail with ErrClosed from now on.
-		c.closeAfterCapture = true
+		// graph is destroyed (releasePendingNow). fn's calls fail with ErrClosed from now on.
 		return bootErr
 	}
-	c.released = true
-	return errors.Join(bootErr, c.release())
+	return errors.Join(bootErr, c.releasePendingNow())
 }
 
-// releaseAfterCapture is the end of a Close that came while a Capture was recording: the
-// Capture calls it, with c.mu held, once fn has returned and its graph is destroyed.
-func (c *Comm) releaseAfterCapture() error {
-	if !c.closeAfterCapture || c.released {
+// releasePendingNow frees everything if a Close asked for it (releasePending): at the end of
+// that Close, or, where a Capture was recording, when the Capture ends (with c.mu held, once
+// fn has returned and its graph is destroyed).
+func (c *Comm) releasePendingNow() error {
+	if !c.releasePending || c.released {
 		return nil
 	}
-	c.closeAfterCapture = false
-	c.latchFailure()
+	c.releasePending = false
+	c.latchFailure() // also what failed while the Capture recorded
 	c.released = true
 	return c.release()
 }
@@ -222,10 +222,10 @@ func (c *Comm) release() error {
 	if c.work.ctx != nil {
 		errs = append(errs, c.work.close())
 	}
-	for dt, key := range c.heldNorms {
-		if key.entry != "" {
-			releaseModule(key)
-			c.heldNorms[dt], c.heldNormFns[dt] = moduleKey{}, nil
+	for dt, h := range c.heldNorms {
+		if h.key.entry != "" {
+			releaseModule(h.key)
+			c.heldNorms[dt] = heldNorm{}
 		}
 	}
 	if c.kernels != nil {

@@ -38,8 +38,7 @@ type Comm struct {
 	earlyRoom  int       // the largest grid that may trigger its dependents early (ptx.EarlyTriggerRoom)
 	// heldNorms are the residual add + RMSNorm kernels, by element type, that a communicator
 	// NCCL alone serves (it has no kernel set) holds through UnloadKernels (holdModule).
-	heldNorms   [4]moduleKey
-	heldNormFns [4]*driver.Function // their functions, once loaded
+	heldNorms [4]heldNorm
 	// earlyAnyGrid lets the kernels that trigger early only after their entry barrier do it at
 	// any grid size (ptx.EarlyTriggerAnyGrid); always set, cleared by benchmarks that measure
 	// the room rule alone
@@ -91,9 +90,9 @@ type Comm struct {
 	nccl        *ncclEngine
 	ncclWhy     string // why there is no NCCL communicator
 
-	// closeAfterCapture: Close came while a Capture was recording, which frees everything
-	// once its fn has returned (releaseAfterCapture).
-	closeAfterCapture bool
+	// releasePending: a Close asked for everything to be freed, which a Capture recording at
+	// the time does once its fn has returned (releasePendingNow).
+	releasePending bool
 
 	drainOverride time.Duration // tests: replaces drainLimit
 	// tests: replaces judgeTopology, rank 0's check of the ranks' GPUs

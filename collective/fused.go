@@ -351,12 +351,20 @@ func (c *Comm) ncclNormKernel(dt DType) (*driver.Function, error) {
 	return c.heldNormKernel(&modules, dt)
 }
 
+// heldNorm is a kernel a communicator without a kernel set holds (heldNormKernel): its module,
+// and its function once loaded.
+type heldNorm struct {
+	key moduleKey
+	fn  *driver.Function
+}
+
 // heldNormKernel is ncclNormKernel's kernel for a communicator without a kernel set, from mc:
 // the communicator holds its module through UnloadKernels until Close, and keeps the function,
 // so that later calls take it as it is (building its name would allocate on every call).
 func (c *Comm) heldNormKernel(mc *moduleCache, dt DType) (*driver.Function, error) {
-	if fn := c.heldNormFns[dt]; fn != nil {
-		return fn, nil
+	h := &c.heldNorms[dt]
+	if h.fn != nil {
+		return h.fn, nil
 	}
 	target, err := ptx.TargetFor(c.major, c.minor)
 	if err != nil {
@@ -364,16 +372,16 @@ func (c *Comm) heldNormKernel(mc *moduleCache, dt DType) (*driver.Function, erro
 	}
 	spec := ptx.NormSpec{DType: dt, Target: target}
 	key := moduleKey{dev: c.dev, target: target, entry: spec.EntryName()}
-	if c.heldNorms[dt] != key {
+	if h.key != key {
 		// Held before it is loaded: from here on UnloadKernels keeps it, until Close.
 		holdModule(key)
-		c.heldNorms[dt] = key
+		h.key = key
 	}
 	m, _, err := mc.get(key, spec.Generate)
 	if err != nil {
 		return nil, c.fail(fmt.Errorf("collective: rank %d: %w", c.rank, err))
 	}
-	c.heldNormFns[dt] = m.fn
+	h.fn = m.fn
 	return m.fn, nil
 }
 

@@ -376,7 +376,7 @@ func TestCloseDuringRecordingCapture(t *testing.T) {
 	// fn returns and Capture ends: as its closed path does, with the lock held.
 	c.mu.Lock()
 	c.capture = nil
-	require.NoError(t, c.releaseAfterCapture())
+	require.NoError(t, c.releasePendingNow())
 	c.mu.Unlock()
 	assert.True(t, c.released, "the Capture freed everything")
 	require.NoError(t, c.Close())

@@ -112,14 +112,6 @@ const (
 	verdictFailed      = 2
 )
 
-// truncate cuts s to at most n bytes.
-func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n]
-	}
-	return s
-}
-
 // judgeTopology is rank 0's check of every rank's GPU, and whether they all have native
 // atomics on each other's memory (false when rank 0 cannot see every rank's GPU).
 func (c *Comm) judgeTopology(ctx context.Context, infos []rankInfo) (atomics bool, err error) {

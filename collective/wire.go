@@ -143,6 +143,14 @@ const (
 // maxRefusalBytes bounds the reason a rank sends with a failed exchange.
 const maxRefusalBytes = 1024
 
+// truncate cuts s to at most n bytes.
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
 // withStatus prefixes payload with the outcome of this rank's part: ok, or refused with the
 // text of failure.
 func withStatus(payload []byte, failure error) []byte {

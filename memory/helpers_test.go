@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goccl/goccl/driver"
+	"github.com/goccl/goccl/internal/gputest"
 )
 
 // The one allocation of testdata/fakecuda.c.
@@ -58,13 +59,7 @@ func withFakeDriver(t *testing.T, check func(t *testing.T, ctx *driver.Context))
 // library's path.
 func buildFakeCUDA(t *testing.T) string {
 	t.Helper()
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		if os.Getenv("GOCCL_REQUIRE_TOOLS") == "1" {
-			t.Fatalf("no C compiler but GOCCL_REQUIRE_TOOLS=1: %v", err)
-		}
-		t.Skipf("no C compiler to build the fake libcuda: %v", err)
-	}
+	cc := gputest.RequireCC(t, "the fake libcuda")
 	var stubs strings.Builder
 	for _, s := range driver.Symbols() {
 		if !s.Optional {

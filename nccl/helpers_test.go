@@ -11,6 +11,8 @@ import (
 
 	"github.com/ebitengine/purego"
 	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/internal/gputest"
 )
 
 // fakeNCCLSource is embedded so that the test binary builds the fake anywhere, also from the
@@ -94,24 +96,11 @@ var builtFakes struct {
 	paths map[string]string
 }
 
-// requireCC returns the C compiler, or skips (fails under GOCCL_REQUIRE_TOOLS=1, as in CI).
-func requireCC(t testing.TB) string {
-	t.Helper()
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		if os.Getenv("GOCCL_REQUIRE_TOOLS") == "1" {
-			t.Fatalf("no C compiler but GOCCL_REQUIRE_TOOLS=1: %v", err)
-		}
-		t.Skipf("no C compiler to build the fake libnccl: %v", err)
-	}
-	return cc
-}
-
 // fakeLibrary builds testdata/fakenccl.c with cc and the given -D flags, and returns the path of
 // a private copy of it: each copy is a separate load with its own records and controls.
 func fakeLibrary(t testing.TB, flags ...string) string {
 	t.Helper()
-	cc := requireCC(t)
+	cc := gputest.RequireCC(t, "the fake libnccl")
 	builtFakes.Lock()
 	defer builtFakes.Unlock()
 	key := strings.Join(flags, " ")

@@ -1,13 +1,15 @@
 // Package gputest decides, in one place, whether a test that needs a GPU runs: it skips with
 // the reason when this machine has no driver or no device, fails when GOCCL_REQUIRE_GPU=1 says
 // that GPU tests must run here (the GPU bundle sets it), and fails on any other driver error,
-// which a missing GPU does not explain. Package driver's own tests have their copy: they
+// which a missing GPU does not explain. It does the same for the C compiler that builds the
+// tests' fake libraries (RequireCC). Package driver's own tests have their copy of both: they
 // cannot import a package that imports driver.
 package gputest
 
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"testing"
 
 	"github.com/goccl/goccl/driver"
@@ -44,4 +46,23 @@ func RequireDevices(tb testing.TB, n int) {
 	if have, err := driver.DeviceCount(); err != nil || have < n {
 		tb.Skipf("needs %d GPUs, %d visible (%v)", n, have, err)
 	}
+}
+
+// ToolsEnv is the environment variable that turns a skip for a missing build tool (a C
+// compiler for the fake libraries the tests build, ptxas, Debian's libcuda) into a failure, as
+// in CI.
+const ToolsEnv = "GOCCL_REQUIRE_TOOLS"
+
+// RequireCC returns the path of the C compiler that builds a test's fake library (what), or
+// skips tb without one; under GOCCL_REQUIRE_TOOLS=1 it fails instead.
+func RequireCC(tb testing.TB, what string) string {
+	tb.Helper()
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		if os.Getenv(ToolsEnv) == "1" {
+			tb.Fatalf("no C compiler but %s=1: %v", ToolsEnv, err)
+		}
+		tb.Skipf("no C compiler to build %s: %v", what, err)
+	}
+	return cc
 }
